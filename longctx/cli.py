@@ -1,0 +1,168 @@
+"""`python -m longctx fit|validate|test --config X.yaml`: LightningCLI with longctx's conventions.
+
+On top of LightningCLI it:
+- links the vocabulary size from the data module into the model (`data.vocab_size`);
+- gives every run its own directory `<trainer.default_root_dir>/<run_name>` (checkpoints, saved
+  config, W&B files), where the run name is stable across SLURM requeues of the same array task;
+- makes W&B safe to use anywhere: offline when no credentials and no `WANDB_MODE` are present (never
+  an interactive login prompt), the W&B run id derived from the run name (so a requeued job resumes
+  its W&B run), runs of one sweep grouped, and the full resolved config and git revision logged.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
+
+from longctx.data.datamodule import LMDataModule
+from longctx.models.base import LMBase
+
+WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
+
+
+def run_name_from_env() -> str:
+    """A run name that is unique per run and stable across SLURM requeues of the same task.
+
+    `LONGCTX_RUN_NAME` wins; else the SLURM array job and task ids (or the job id); else a
+    timestamp with the process id.
+    """
+    if name := os.environ.get("LONGCTX_RUN_NAME"):
+        return name
+    if (array_job := os.environ.get("SLURM_ARRAY_JOB_ID")) and (
+        task := os.environ.get("SLURM_ARRAY_TASK_ID")
+    ):
+        return f"slurm-{array_job}_{task}"
+    if job := os.environ.get("SLURM_JOB_ID"):
+        return f"slurm-{job}"
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def wandb_credentials_present() -> bool:
+    """Whether W&B can log in without asking: an API key in the environment or in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def ensure_wandb_mode() -> None:
+    """Go offline when there is no W&B mode and no credentials (never prompt for a login)."""
+    if "WANDB_MODE" not in os.environ and not wandb_credentials_present():
+        os.environ["WANDB_MODE"] = "offline"
+
+
+def git_revision() -> str | None:
+    """The source tree's commit (with `-dirty` if it has uncommitted changes), or None."""
+    source = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev + ("-dirty" if dirty else "")
+
+
+class LoggedConfigCallback(SaveConfigCallback):
+    """Saves the resolved config in the run directory and logs it, with the git revision, to W&B."""
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                config = self.parser.dump(self.config, skip_none=False, format="json")
+                logger.experiment.config.update(
+                    {"cli": config, "git_revision": git_revision(), "command": " ".join(sys.argv)},
+                    allow_val_change=True,
+                )
+
+
+class LongCtxCLI(LightningCLI):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("save_config_callback", LoggedConfigCallback)
+        # A requeued run writes into its own run directory again.
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        super().__init__(LMBase, LMDataModule, *args, subclass_mode_model=True, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
+        parser.add_argument(
+            "--run_name",
+            type=str | None,
+            default=None,
+            help="Name of the run directory under trainer.default_root_dir and of the W&B run "
+            "(default: $LONGCTX_RUN_NAME, else the SLURM array job/task id, else a timestamp)",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        run_name = config.get("run_name") or run_name_from_env()
+        config.run_name = run_name
+        run_dir = Path(config.trainer.default_root_dir or "runs") / run_name
+        config.trainer.default_root_dir = str(run_dir)
+        for logger in _logger_configs(config.trainer.logger):
+            if logger.class_path == WANDB_LOGGER:
+                ensure_wandb_mode()
+                init = logger.init_args
+                init.save_dir = str(run_dir)
+                init.name = init.get("name") or run_name
+                # The W&B id must be unique in the project and stable across requeues.
+                init.id = init.get("id") or re.sub(r"[^A-Za-z0-9_-]", "-", run_name)
+                init.resume = init.get("resume") or "allow"
+                if group := os.environ.get("LONGCTX_WANDB_GROUP") or os.environ.get("SLURM_ARRAY_JOB_ID"):
+                    init.group = init.get("group") or group
+        for callback in _callback_configs(config.trainer.callbacks):
+            if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
+                callback.init_args.dirpath = str(run_dir / "checkpoints")
+
+    def before_fit(self) -> None:
+        _check_checkpoint_names(self.trainer)
+
+
+def _logger_configs(logger: Any) -> list[Namespace]:
+    if isinstance(logger, Namespace):
+        return [logger]
+    if isinstance(logger, list):
+        return [item for item in logger if isinstance(item, Namespace)]
+    return []
+
+
+def _callback_configs(callbacks: Any) -> list[Namespace]:
+    return [item for item in callbacks or [] if isinstance(item, Namespace)]
+
+
+def _check_checkpoint_names(trainer: Trainer) -> None:
+    """Metric names like `val/bpc` in a checkpoint file name would create sub-directories."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            name = callback.format_checkpoint_name({})
+            if "/" in os.path.relpath(name, callback.dirpath or "."):
+                raise ValueError(
+                    f"ModelCheckpoint filename {callback.filename!r} gives {name!r}, a path with "
+                    "sub-directories made from metric names with '/': set auto_insert_metric_name: "
+                    "false, e.g. filename: 'step{step}-val_loss{val/loss:.4f}'"
+                )
+
+
+def main(args: list[str] | None = None) -> LongCtxCLI:
+    """Entry point of `python -m longctx` and of the `longctx` script."""
+    return LongCtxCLI(args=args, parser_kwargs={"parser_mode": "yaml"})

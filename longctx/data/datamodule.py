@@ -1,0 +1,190 @@
+"""`LMDataModule`: one data module for every corpus and every method.
+
+`prepare_data` downloads, verifies and tokenizes once (Lightning calls it on local rank 0 only);
+`setup` memory-maps the token cache on every rank; the loaders are `SegmentStream`s, iterables that
+Lightning never wraps in a `DistributedSampler`, so rows stay contiguous and each rank reads its own
+block of rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import lightning.pytorch as pl
+
+from longctx.data.cache import CorpusSpec, TokenizedCorpus, load_corpus, prepare_corpus, vocab_size_of
+from longctx.data.corpora import get_corpus
+from longctx.data.streams import SegmentStream
+
+SPLITS = ("train", "valid", "test")
+
+
+def default_root() -> Path:
+    """Where raw corpus files live: `$LONGCTX_DATA`, else `~/.cache/longctx`."""
+    return Path(os.environ.get("LONGCTX_DATA", Path.home() / ".cache" / "longctx")).expanduser()
+
+
+class LMDataModule(pl.LightningDataModule):
+    """Memory-carrying streams over one corpus.
+
+    Args:
+        corpus: enwik8, text8, wikitext103, wikitext2, wikitext103_raw, pg19 or sample.
+        root: directory of the raw files (downloaded there if missing and `download`); may be
+            read-only. Default: `$LONGCTX_DATA` or `~/.cache/longctx`.
+        cache_dir: where token caches are written. Default: `<root>/cache` if `root` is writable,
+            else `~/.cache/longctx/cache`.
+        download: allow network downloads; False fails with a message naming the expected files.
+        split_sources: which corpus split feeds each split, e.g. `{train: valid, valid: test,
+            test: test}` for smoke runs on a folder that has no train split.
+        batch_size: global number of rows B in training (divided across ranks).
+        tgt_len: training segment length L (segment mode) or window length T (window mode).
+        eval_batch_size / eval_tgt_len: the same for validation and test (default: training's).
+        mode: "segments" (Transformer-XL, Adaptive Span) or "windows" (recurrence on GPT-2).
+        overlap / eval_overlap: window overlap o in training / evaluation (window mode).
+        windows_per_batch: K windows of each row per training batch (backprop through K windows).
+        tokenizer: GPT-2 BPE source for BPE corpora (a local directory or a hub id).
+        max_train_documents / max_eval_document_tokens: PG-19 subset (paper: 1,250 and 15,000).
+        shuffle_documents: deal training documents in a new seeded order every epoch.
+        seed: seed of that order.
+        word_convention: how words are counted for `*/word_ppl`: whitespace tokens plus one per
+            line (`whitespace_eos`, the Transformer-XL token count) or whitespace tokens only.
+    """
+
+    def __init__(
+        self,
+        corpus: str = "sample",
+        root: str | None = None,
+        cache_dir: str | None = None,
+        download: bool = True,
+        split_sources: Mapping[str, str] | None = None,
+        batch_size: int = 16,
+        tgt_len: int = 128,
+        eval_batch_size: int | None = None,
+        eval_tgt_len: int | None = None,
+        mode: Literal["segments", "windows"] = "segments",
+        overlap: int = 0,
+        eval_overlap: int | None = None,
+        windows_per_batch: int = 1,
+        tokenizer: str = "gpt2",
+        max_train_documents: int | None = None,
+        max_eval_document_tokens: int | None = None,
+        shuffle_documents: bool = False,
+        seed: int = 0,
+        word_convention: Literal["whitespace_eos", "whitespace"] = "whitespace_eos",
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.info = get_corpus(corpus)
+        if split_sources is not None and (unknown := set(split_sources) - set(SPLITS)):
+            raise ValueError(f"split_sources has unknown splits {sorted(unknown)}; use {list(SPLITS)}")
+        if mode == "segments" and (overlap or eval_overlap):
+            raise ValueError("overlap applies to mode: windows only; set data.mode: windows")
+        for name, value in (("overlap", overlap), ("eval_overlap", eval_overlap)):
+            length = tgt_len if name == "overlap" else (eval_tgt_len or tgt_len)
+            if value is not None and not 0 <= value < length:
+                raise ValueError(
+                    f"data.{name} ({value}) must satisfy 0 <= {name} < window ({length}); the "
+                    "stride window - overlap must be positive"
+                )
+        root_path = Path(root).expanduser() if root else default_root()
+        self.spec = CorpusSpec(
+            name=corpus,
+            root=root_path,
+            cache_dir=Path(cache_dir).expanduser() if cache_dir else default_cache_dir(root_path),
+            download=download,
+            split_sources=dict(split_sources) if split_sources else None,
+            tokenizer=tokenizer,
+            max_train_documents=max_train_documents,
+            max_eval_document_tokens=max_eval_document_tokens,
+        )
+        self.batch_size = batch_size
+        self.tgt_len = tgt_len
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_tgt_len = eval_tgt_len or tgt_len
+        self.mode = mode
+        self.overlap = overlap
+        self.eval_overlap = overlap if eval_overlap is None else eval_overlap
+        self.windows_per_batch = windows_per_batch
+        self.word_convention = word_convention
+        self._corpus: TokenizedCorpus | None = None
+        self._vocab_size: int | None = None
+
+    # ------------------------------------------------------------------ facts linked to the model
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size, known before `setup` so the CLI can link it into the model."""
+        if self._vocab_size is None:
+            self._vocab_size = vocab_size_of(self.spec)
+        return self._vocab_size
+
+    @property
+    def metric(self) -> str:
+        """`bpc` for byte/char corpora, `ppl` for word/BPE corpora."""
+        return self.info.metric
+
+    def word_count(self, split: str) -> int | None:
+        """Words of a split (for perplexity per word of a BPE model), or None."""
+        if self._corpus is None:
+            return None
+        n_words = self._corpus.split(split).n_words
+        if n_words is None:
+            return None
+        return n_words[self.word_convention] if isinstance(n_words, Mapping) else int(n_words)
+
+    # ------------------------------------------------------------------ lifecycle
+    def prepare_data(self) -> None:
+        prepare_corpus(self.spec)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._corpus is None:
+            self._corpus = load_corpus(self.spec)
+
+    @property
+    def corpus(self) -> TokenizedCorpus:
+        if self._corpus is None:
+            raise RuntimeError("LMDataModule.setup() has not run yet")
+        return self._corpus
+
+    def stream(self, split: str, *, train: bool) -> SegmentStream:
+        """The stream of one split for this rank."""
+        data = self.corpus.split(split)
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        windows = self.mode == "windows"
+        batch_size = self.batch_size if train else self.eval_batch_size
+        seq_len = self.tgt_len if train else self.eval_tgt_len
+        try:
+            return SegmentStream(
+                data.tokens,
+                batch_size,
+                seq_len,
+                doc_offsets=data.doc_offsets,
+                overlap=(self.overlap if train else self.eval_overlap) if windows else 0,
+                windows_per_batch=(self.windows_per_batch if train else 1) if windows else None,
+                pad=not train,
+                rank=rank,
+                world_size=world,
+                shuffle_documents=train and self.hparams.shuffle_documents,
+                seed=self.hparams.seed,
+            )
+        except ValueError as err:
+            raise ValueError(f"{self.info.name} {split} split: {err}") from err
+
+    def train_dataloader(self) -> SegmentStream:
+        return self.stream("train", train=True)
+
+    def val_dataloader(self) -> SegmentStream:
+        return self.stream("valid", train=False)
+
+    def test_dataloader(self) -> SegmentStream:
+        return self.stream("test", train=False)
+
+
+def default_cache_dir(root: Path) -> Path:
+    """`<root>/cache` when `root` is writable, else a user cache (root may be a read-only mount)."""
+    if os.access(root, os.W_OK) or (not root.exists() and os.access(root.parent, os.W_OK)):
+        return root / "cache"
+    return Path.home() / ".cache" / "longctx" / "cache"

@@ -1,0 +1,265 @@
+"""Memory-carrying streams: ordered segments (or windows) of token rows, sharded across ranks.
+
+Transformer-XL's ordered iterator (`LMOrderedIterator` in their `data_utils.py`) cuts a split into
+`B` contiguous rows and serves batch `i` as columns `[i*L, i*L + L)` with the targets shifted by
+one, so consecutive batches continue the same text and a model carries its memory across them.
+`SegmentStream` generalises it to the three layouts longctx needs:
+
+- contiguous text (enwik8, text8, WikiText): one piece of the split per row;
+- documents (PG-19): each row reads whole documents one after another; a row starting a document
+  gets `reset=True` so the model clears that row's memory;
+- windows with overlap (recurrence on GPT-2, Yoshida et al. 2020 §4.2): windows of `T` tokens with
+  stride `T - o`; the first window of a piece scores all its targets, later windows only their last
+  `T - o`, so every target is scored exactly once.
+
+A *piece* `(start, end)` is a run of tokens whose inputs are `tokens[start:end-1]` and targets
+`tokens[start+1:end]` (targets are the next tokens of the stream, so no window loses its first
+prediction). A *unit* is one segment / window of a piece. Segment mode is window mode with `o = 0`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+Batch = dict[str, Tensor]
+
+
+def units_in_piece(n_targets: int, seq_len: int, overlap: int) -> int:
+    """Number of windows of `seq_len` with stride `seq_len - overlap` that score `n_targets` targets."""
+    if n_targets <= 0:
+        return 0
+    if n_targets <= seq_len:
+        return 1
+    return 1 + math.ceil((n_targets - seq_len) / (seq_len - overlap))
+
+
+def contiguous_rows(n_tokens: int, n_rows: int, pad: bool) -> list[list[tuple[int, int]]]:
+    """Cut `n_tokens` tokens into `n_rows` contiguous pieces, one per row.
+
+    Consecutive rows share one token (the last target of row b is the first input of row b+1), so
+    every token but the very first is a target of exactly one row. `pad=False` (training) gives
+    every row the same number of targets and drops the remainder, as Transformer-XL does;
+    `pad=True` (evaluation) keeps every target, the last rows running short.
+    """
+    n_targets = n_tokens - 1
+    per_row = n_targets // n_rows if not pad else math.ceil(n_targets / n_rows)
+    if per_row <= 0:
+        raise ValueError(f"a split of {n_tokens} tokens cannot fill {n_rows} rows; use a smaller batch size")
+    rows = []
+    for row in range(n_rows):
+        start = row * per_row
+        end = min(start + per_row, n_targets) + 1
+        rows.append([(start, end)] if end - start > 1 else [])
+    return rows
+
+
+def document_rows(
+    doc_offsets: np.ndarray, n_rows: int, seq_len: int, overlap: int, order: Sequence[int]
+) -> list[list[tuple[int, int]]]:
+    """Deal documents (in `order`) to rows: each goes to the row that has the fewest units so far.
+
+    Deterministic (ties go to the lowest row), so every rank computes the same global layout.
+    """
+    rows: list[list[tuple[int, int]]] = [[] for _ in range(n_rows)]
+    heap = [(0, row) for row in range(n_rows)]
+    for doc in order:
+        start, end = int(doc_offsets[doc]), int(doc_offsets[doc + 1])
+        units = units_in_piece(end - start - 1, seq_len, overlap)
+        if units == 0:
+            continue
+        load, row = heapq.heappop(heap)
+        rows[row].append((start, end))
+        heapq.heappush(heap, (load + units, row))
+    return rows
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One row's pieces and the cumulative number of units before each piece."""
+
+    pieces: list[tuple[int, int]]
+    cum_units: np.ndarray  # (n_pieces + 1,)
+
+    @property
+    def n_units(self) -> int:
+        return int(self.cum_units[-1])
+
+
+class SegmentStream:
+    """Stateful iterable over batches of consecutive segments (or windows) of token rows.
+
+    Args:
+        tokens: 1-D token ids of one split (a memory map; never copied whole).
+        batch_size: global number of rows B; this rank serves rows
+            `[rank * B / world_size, (rank + 1) * B / world_size)`.
+        seq_len: segment length L (segment mode) or window length T (window mode).
+        doc_offsets: (n_docs + 1,) document boundaries for document-aware streams, else None.
+        overlap: o, tokens shared by consecutive windows (window mode only).
+        windows_per_batch: K consecutive windows of each row per batch; None = segment mode, which
+            yields (B, L) tensors instead of (B, K, T).
+        pad: keep every target (evaluation) instead of dropping the uneven remainder (training).
+        shuffle_documents: deal documents in a seeded random order that changes every epoch.
+
+    Yields dicts `input`, `target`, `mask` (B, L) or (B, K, T) and `reset` (B,) or (B, K); see
+    docs/architecture.md. Every rank yields the same number of batches. `state_dict()` records the
+    epoch and the next batch, so a resumed run continues at the exact next segment.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        batch_size: int,
+        seq_len: int,
+        *,
+        doc_offsets: np.ndarray | None = None,
+        overlap: int = 0,
+        windows_per_batch: int | None = None,
+        pad: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle_documents: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if batch_size % world_size != 0:
+            raise ValueError(
+                f"batch size {batch_size} is not divisible by the world size {world_size}: the global "
+                "batch is split into equal blocks of rows per rank; choose a multiple of the number "
+                "of devices"
+            )
+        if seq_len <= 0:
+            raise ValueError(f"segment length must be positive, got {seq_len}")
+        if not 0 <= overlap < seq_len:
+            raise ValueError(
+                f"overlap ({overlap}) must satisfy 0 <= overlap < window ({seq_len}): the stride "
+                "window - overlap must be positive"
+            )
+        if overlap and windows_per_batch is None:
+            raise ValueError("overlap needs window mode (windows_per_batch >= 1)")
+        if windows_per_batch is not None and windows_per_batch < 1:
+            raise ValueError(f"windows_per_batch must be >= 1, got {windows_per_batch}")
+        if doc_offsets is None and len(tokens) - 1 < seq_len:
+            raise ValueError(
+                f"the split has {len(tokens)} tokens, fewer than one segment of {seq_len} + 1; "
+                "use a shorter segment length"
+            )
+        self.tokens = tokens
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.doc_offsets = doc_offsets
+        self.overlap = overlap
+        self.windows_per_batch = windows_per_batch
+        self.pad = pad
+        self.rank = rank
+        self.world_size = world_size
+        self.shuffle_documents = shuffle_documents
+        self.seed = seed
+        self.local_rows = range(rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
+        self.epoch = 0
+        self._next_batch = 0
+        self._resume_pending = False
+        self._iterated = False
+        self._build_layout()
+
+    # ------------------------------------------------------------------ layout
+    def _build_layout(self) -> None:
+        if self.doc_offsets is None:
+            pieces = contiguous_rows(len(self.tokens), self.batch_size, self.pad)
+        else:
+            order = np.arange(len(self.doc_offsets) - 1)
+            if self.shuffle_documents:
+                order = np.random.default_rng([self.seed, self.epoch]).permutation(order)
+            pieces = document_rows(self.doc_offsets, self.batch_size, self.seq_len, self.overlap, order)
+        rows = []
+        for row_pieces in pieces:
+            counts = [
+                units_in_piece(end - start - 1, self.seq_len, self.overlap) for start, end in row_pieces
+            ]
+            rows.append(_Row(row_pieces, np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])))
+        max_units = max(row.n_units for row in rows)
+        if max_units == 0:
+            raise ValueError("the split has no tokens to predict")
+        per_batch = self.windows_per_batch or 1
+        self._rows = [rows[r] for r in self.local_rows]
+        self._n_batches = math.ceil(max_units / per_batch)
+
+    def __len__(self) -> int:
+        return self._n_batches
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> Iterator[Batch]:
+        if self._resume_pending:
+            self._resume_pending = False
+        else:
+            if self._iterated:
+                self.epoch += 1
+                if self.shuffle_documents:
+                    self._build_layout()
+            self._next_batch = 0
+        self._iterated = True
+        while self._next_batch < self._n_batches:
+            batch = self.batch(self._next_batch)
+            self._next_batch += 1
+            yield batch
+
+    def batch(self, index: int) -> Batch:
+        """Batch `index` of the current epoch (pure function of the layout)."""
+        n_windows = self.windows_per_batch or 1
+        shape = (len(self._rows), n_windows, self.seq_len)
+        inputs = np.zeros(shape, dtype=np.int64)
+        targets = np.zeros(shape, dtype=np.int64)
+        mask = np.zeros(shape, dtype=bool)
+        reset = np.zeros(shape[:2], dtype=bool)
+        for i, row in enumerate(self._rows):
+            for k in range(n_windows):
+                unit = index * n_windows + k
+                if unit < row.n_units:
+                    reset[i, k] = self._fill_unit(row, unit, inputs[i, k], targets[i, k], mask[i, k])
+        out = {
+            "input": torch.from_numpy(inputs),
+            "target": torch.from_numpy(targets),
+            "mask": torch.from_numpy(mask),
+            "reset": torch.from_numpy(reset),
+        }
+        if self.windows_per_batch is None:
+            out = {key: value.squeeze(1) for key, value in out.items()}
+        return out
+
+    def _fill_unit(
+        self, row: _Row, unit: int, inputs: np.ndarray, targets: np.ndarray, mask: np.ndarray
+    ) -> bool:
+        """Write unit `unit` of `row` into the given (T,) buffers; return whether it starts a piece."""
+        piece = int(np.searchsorted(row.cum_units, unit, side="right")) - 1
+        j = unit - int(row.cum_units[piece])
+        start, end = row.pieces[piece]
+        offset = start + j * (self.seq_len - self.overlap)
+        length = min(self.seq_len, end - 1 - offset)
+        inputs[:length] = self.tokens[offset : offset + length]
+        targets[:length] = self.tokens[offset + 1 : offset + 1 + length]
+        first_scored = 0 if j == 0 else self.overlap
+        mask[first_scored:length] = True
+        return j == 0
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "next_batch": self._next_batch, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["batch_size"] != self.batch_size:
+            raise ValueError(
+                f"the checkpoint's stream has global batch size {state['batch_size']}, this run "
+                f"{self.batch_size}: a stream can only resume with the same global batch size"
+            )
+        self.epoch = state["epoch"]
+        if self.shuffle_documents:
+            self._build_layout()
+        self._next_batch = state["next_batch"]
+        # A state saved after the epoch's last batch resumes at the start of the next epoch.
+        self._resume_pending = self._next_batch < self._n_batches
+        self._iterated = True

@@ -1,0 +1,238 @@
+"""`LMBase`: the LightningModule every method subclasses.
+
+It owns what all three methods share, so a method module only says how its network turns a batch
+and a memory into per-token losses:
+
+- the loss: token-weighted NLL over the scored targets (never a mean of batch means), plus the
+  method's extra term (e.g. the span penalty);
+- the metrics: token-weighted sums synced across ranks, logged as `{stage}/loss`, `{stage}/bpc` or
+  `{stage}/ppl`, `{stage}/word_ppl`, and `throughput/*`;
+- the memory lifecycle: one memory per stage, fresh at every epoch start, detached after every
+  training step, so a validation in the middle of an epoch never disturbs the training memory;
+- the optimizer wiring: `optimizer` / `lr_scheduler` callables from the config.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+from torch.utils._pytree import tree_map
+from torchmetrics import SumMetric
+
+Memory = Any
+STAGES = ("train", "val", "test")
+
+
+@dataclass
+class StepOutput:
+    """What a method's `step` returns for one batch.
+
+    nll: per-target negative log-likelihood in nats, the shape of `batch["target"]`.
+    memory: the memory to carry into the next batch of the same stream (the base detaches it).
+    extra_loss: a scalar added to the training loss (e.g. the l1 span penalty), or None.
+    logs: scalars logged under the stage's prefix (e.g. {"span/avg": ...} are logged as is when the
+        key already has a prefix containing "/").
+    mask: overrides `batch["mask"]` (e.g. an evaluation protocol that skips some positions).
+    """
+
+    nll: Tensor
+    memory: Memory = None
+    extra_loss: Tensor | None = None
+    logs: dict[str, Tensor | float] = field(default_factory=dict)
+    mask: Tensor | None = None
+
+
+def detach_memory(memory: Memory) -> Memory:
+    """Cut the graph behind every tensor of a memory (truncated backprop through time)."""
+    return tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, memory)
+
+
+class LMBase(pl.LightningModule):
+    """Shared base of the language-model modules (see docs/architecture.md for the contract)."""
+
+    def __init__(
+        self,
+        vocab_size: int = 0,
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        if vocab_size <= 0:
+            raise ValueError(
+                f"vocab_size must be positive, got {vocab_size}: it is linked from the data module "
+                "(data.vocab_size) when run through the CLI; pass it explicitly otherwise"
+            )
+        self.vocab_size = vocab_size
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+        self._memory: dict[str, Memory] = dict.fromkeys(STAGES)
+        # Token-weighted sums, synced across ranks by torchmetrics on compute().
+        self.nll_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
+        self.token_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
+        self._batch_start_time: float | None = None
+
+    # ------------------------------------------------------------------ method hooks
+    def init_memory(self, batch_size: int) -> Memory:
+        """Memory for `batch_size` fresh rows; None for models without memory."""
+        return None
+
+    def step(self, batch: dict[str, Tensor], memory: Memory) -> StepOutput:
+        """Run the network on one batch given the carried memory."""
+        raise NotImplementedError
+
+    def reset_memory_rows(self, memory: Memory, reset: Tensor) -> Memory:
+        """Clear the memory of the rows where `reset` (B,) is True (a new document starts)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot reset the memory of single rows, so it cannot train on a "
+            "document-aware corpus (pg19) in segment mode; use a contiguous corpus"
+        )
+
+    def optimizer_param_groups(self) -> list[dict[str, Any]] | Any:
+        """Parameters (or parameter groups) handed to the optimizer factory."""
+        return self.parameters()
+
+    # ------------------------------------------------------------------ memory lifecycle
+    def _memory_for(self, stage: str, batch: dict[str, Tensor]) -> Memory:
+        """The stage's carried memory, with rows that start a new document cleared.
+
+        Segment mode (`reset` of shape (B,)) is handled here; in window mode (`reset` (B, K)) the
+        reset can fall inside the batch, so the method's `step` applies it window by window.
+        """
+        memory = self._memory[stage]
+        reset = batch["reset"]
+        if memory is None or (reset.dim() == 1 and bool(reset.all())):
+            return self.init_memory(batch["input"].shape[0])
+        if reset.dim() == 1 and bool(reset.any()):
+            return self.reset_memory_rows(memory, reset)
+        return memory
+
+    def _reset_memory(self, stage: str) -> None:
+        self._memory[stage] = None
+
+    def on_train_epoch_start(self) -> None:
+        self._reset_memory("train")
+
+    def on_validation_epoch_start(self) -> None:
+        self._start_eval("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._start_eval("test")
+
+    def _start_eval(self, stage: str) -> None:
+        self._reset_memory(stage)
+        # Fresh metric states (also unshares tensors that a spawned process inherited).
+        self.nll_sum[stage].reset()
+        self.token_sum[stage].reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._reset_memory("val")
+        self._log_eval_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._reset_memory("test")
+        self._log_eval_metrics("test")
+
+    # ------------------------------------------------------------------ steps
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        memory = self._memory_for("train", batch)
+        out = self.step(batch, memory)
+        self._memory["train"] = detach_memory(out.memory)
+        mask = batch["mask"] if out.mask is None else out.mask
+        nll_sum = (out.nll.float() * mask).sum()
+        tokens = mask.sum()
+        global_tokens = self._global_sum(tokens.float())
+        # DDP averages gradients over ranks: scaling by world/global_tokens makes the update the
+        # gradient of (sum of NLL over all ranks' tokens) / (all ranks' token count).
+        loss = nll_sum * self.trainer.world_size / global_tokens.clamp_min(1.0)
+        if out.extra_loss is not None:
+            loss = loss + out.extra_loss
+        mean_nll = (nll_sum / tokens.clamp_min(1)).detach()
+        self.log("train/loss", mean_nll, prog_bar=True)
+        self._log_unit_metric("train", mean_nll)
+        self._log_step_logs("train", out.logs)
+        self._train_tokens = float(global_tokens)
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def _eval_step(self, stage: str, batch: dict[str, Tensor]) -> None:
+        memory = self._memory_for(stage, batch)
+        out = self.step(batch, memory)
+        self._memory[stage] = detach_memory(out.memory)
+        mask = batch["mask"] if out.mask is None else out.mask
+        self.nll_sum[stage].update((out.nll.double() * mask).sum())
+        self.token_sum[stage].update(mask.sum().double())
+        self._log_step_logs(stage, out.logs)
+
+    # ------------------------------------------------------------------ metrics and logging
+    def _global_sum(self, value: Tensor) -> Tensor:
+        if self.trainer.world_size == 1:
+            return value
+        return self.all_gather(value).sum()
+
+    def _unit_metric(self) -> str:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        return getattr(datamodule, "metric", "ppl")
+
+    def _log_unit_metric(self, stage: str, mean_nll: Tensor, **kwargs: Any) -> None:
+        if self._unit_metric() == "bpc":
+            self.log(f"{stage}/bpc", mean_nll / math.log(2), prog_bar=stage != "train", **kwargs)
+        else:
+            self.log(f"{stage}/ppl", torch.exp(mean_nll), prog_bar=stage != "train", **kwargs)
+
+    def _log_step_logs(self, stage: str, logs: dict[str, Tensor | float]) -> None:
+        for name, value in logs.items():
+            key = name if "/" in name else f"{stage}/{name}"
+            self.log(key, value, on_step=stage == "train", on_epoch=stage != "train")
+
+    def _log_eval_metrics(self, stage: str) -> None:
+        nll = self.nll_sum[stage].compute()
+        tokens = self.token_sum[stage].compute()
+        self.nll_sum[stage].reset()
+        self.token_sum[stage].reset()
+        if tokens <= 0:
+            return
+        mean_nll = (nll / tokens).float()
+        self.log(f"{stage}/loss", mean_nll, prog_bar=True, sync_dist=False)
+        self.log(f"{stage}/tokens", tokens.float(), sync_dist=False)
+        self._log_unit_metric(stage, mean_nll, sync_dist=False)
+        words = self._word_count(stage)
+        if words:
+            self.log(f"{stage}/word_ppl", torch.exp(nll / words).float(), sync_dist=False)
+
+    def _word_count(self, stage: str) -> int | None:
+        """Word count of the evaluated split, for perplexity per word of a BPE model."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "word_count"):
+            return None
+        return datamodule.word_count("valid" if stage == "val" else "test")
+
+    # ------------------------------------------------------------------ throughput
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._batch_start_time = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._batch_start_time is None:
+            return
+        elapsed = time.perf_counter() - self._batch_start_time
+        if elapsed > 0:
+            self.log("throughput/train_tokens_per_s", self._train_tokens / elapsed)
+
+    # ------------------------------------------------------------------ optimizer
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer_factory(self.optimizer_param_groups())
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        scheduler = self.lr_scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

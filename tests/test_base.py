@@ -1,0 +1,161 @@
+"""`LMBase`: token-weighted metrics, the memory lifecycle, DDP equality and exact mid-epoch resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from longctx.models.base import StepOutput
+from longctx.optim.schedules import WarmupCosine
+from tests.lm_fixtures import CarryLM, SyntheticData, reference_eval_loss
+
+
+def trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    return pl.Trainer(**{**defaults, **kwargs})
+
+
+def test_validation_loss_is_token_weighted_over_the_whole_split(tmp_path):
+    pl.seed_everything(0)
+    model, data = CarryLM(), SyntheticData(n_tokens=1000, eval_batch_size=3, seq_len=16)
+    # 999 targets in 3 rows of 333: the last segment of each row is short, so batch means differ
+    # in weight; only the token-weighted mean equals the reference.
+    result = trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
+    expected = reference_eval_loss(model, data)
+    assert result["val/loss"] == pytest.approx(expected, rel=1e-5)
+    assert result["val/bpc"] == pytest.approx(expected / math.log(2), rel=1e-5)
+    assert result["val/tokens"] == 999
+
+
+def test_training_memory_survives_mid_epoch_validation_and_resets_each_epoch(tmp_path):
+    pl.seed_everything(0)
+    seen: list[tuple[int, torch.Tensor | None]] = []
+
+    class Recording(CarryLM):
+        def step(self, batch, memory) -> StepOutput:
+            if self.training:
+                seen.append((self.current_epoch, memory.clone()))
+            out = super().step(batch, memory)
+            if self.training:
+                self.last_train_memory = out.memory.detach().clone()
+            return out
+
+    model = Recording()
+    data = SyntheticData(n_tokens=1000, batch_size=4, seq_len=25)  # 10 batches per epoch
+    trainer(tmp_path, max_epochs=2, val_check_interval=3, num_sanity_val_steps=1).fit(model, datamodule=data)
+    assert len(seen) == 20
+    for i in range(1, len(seen)):
+        epoch, memory = seen[i]
+        if epoch != seen[i - 1][0]:
+            assert torch.count_nonzero(memory) == 0  # fresh at every epoch start
+        else:
+            assert torch.count_nonzero(memory) > 0  # carried, validations in between or not
+    assert model._memory["train"].requires_grad is False
+
+
+def test_reset_rows_clear_only_their_memory():
+    model = CarryLM()
+    memory = torch.ones(3, 16)
+    batch = {"input": torch.zeros(3, 4, dtype=torch.long), "reset": torch.tensor([False, True, False])}
+    model._memory["train"] = memory
+    cleared = model._memory_for("train", batch)
+    assert cleared[1].abs().sum() == 0 and torch.equal(cleared[[0, 2]], memory[[0, 2]])
+
+
+def test_extra_loss_is_added_to_the_training_loss(tmp_path):
+    class Penalised(CarryLM):
+        def step(self, batch, memory):
+            out = super().step(batch, memory)
+            out.extra_loss = torch.tensor(5.0)
+            return out
+
+    pl.seed_everything(0)
+    model = Penalised()
+    data = SyntheticData()
+    t = trainer(tmp_path, max_steps=1)
+    t.fit(model, datamodule=data)
+    # train/loss logs the NLL alone; the optimised loss includes the penalty.
+    assert float(t.callback_metrics["train/loss"]) < 5.0
+
+
+def test_warmup_cosine_schedule():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    sched = WarmupCosine(opt, warmup_steps=4, max_steps=12, min_lr_ratio=0.1)
+    lrs = []
+    for _ in range(14):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:5] == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
+    assert lrs[8] == pytest.approx(0.2 + 1.8 * 0.5)  # half-way through the cosine
+    assert lrs[12:] == pytest.approx([0.2, 0.2])
+    constant = WarmupCosine(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 2, None)
+    assert [constant.factor(s) for s in (0, 1, 2, 1000)] == [0.0, 0.5, 1.0, 1.0]
+    with pytest.raises(ValueError, match="must exceed warmup_steps"):
+        WarmupCosine(opt, warmup_steps=10, max_steps=5)
+
+
+def _fit(tmp_path: Path, record: Path, ckpt_path: str | None = None, **kwargs) -> CarryLM:
+    pl.seed_everything(0)
+    model = CarryLM(record_dir=str(record))
+    data = SyntheticData(n_tokens=2000, batch_size=4, seq_len=10)  # 50 batches per epoch
+    callback = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=5, save_top_k=-1
+    )
+    t = trainer(tmp_path, callbacks=[callback], enable_checkpointing=True, **kwargs)
+    t.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return model
+
+
+def _records(record: Path) -> dict[str, list[dict]]:
+    return {
+        p.name: [json.loads(line) for line in p.read_text().splitlines()] for p in sorted(record.iterdir())
+    }
+
+
+@pytest.mark.parametrize(
+    "devices,strategy", [(1, "auto"), pytest.param(2, "ddp_spawn", marks=pytest.mark.ddp)]
+)
+def test_fit_resumes_mid_epoch_at_the_exact_next_segment(tmp_path, devices, strategy):
+    full_dir, part_dir = tmp_path / "full", tmp_path / "part"
+    full_dir.mkdir()
+    part_dir.mkdir()
+    common = dict(devices=devices, strategy=strategy, max_epochs=2, limit_val_batches=0)
+    _fit(tmp_path / "a", full_dir, **common)
+    # Interrupted after 15 steps of epoch 1 (50 + 15 = 65 steps), then resumed from `last`.
+    _fit(tmp_path / "b", part_dir, **{**common, "max_steps": 65})
+    _fit(tmp_path / "b", part_dir, ckpt_path="last", **common)
+    full, part = _records(full_dir), _records(part_dir)
+    assert set(full) == {f"rank{r}.jsonl" for r in range(devices)}
+    for rank_file, batches in full.items():
+        assert len(batches) == 100
+        assert part[rank_file] == batches  # same batch at the same step, nothing skipped or repeated
+
+
+@pytest.mark.ddp
+def test_two_process_validation_equals_one_process(tmp_path):
+    """Each rank reads its own block of rows with its own memory; sums are synced, not averaged."""
+    pl.seed_everything(0)
+    model = CarryLM()
+    data = SyntheticData(n_tokens=1003, eval_batch_size=4, seq_len=16)
+    single = trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
+    ddp = trainer(tmp_path, devices=2, strategy="ddp_spawn").validate(model, datamodule=data, verbose=False)[
+        0
+    ]
+    assert single["val/loss"] == pytest.approx(reference_eval_loss(model, data), rel=1e-6)
+    assert ddp["val/loss"] == pytest.approx(single["val/loss"], rel=1e-6)
+    assert ddp["val/tokens"] == single["val/tokens"] == 1002
