@@ -82,13 +82,9 @@ class LMDataModule(pl.LightningDataModule):
             raise ValueError(f"split_sources has unknown splits {sorted(unknown)}; use {list(SPLITS)}")
         if mode == "segments" and (overlap or eval_overlap):
             raise ValueError("overlap applies to mode: windows only; set data.mode: windows")
-        for name, value in (("overlap", overlap), ("eval_overlap", eval_overlap)):
-            length = tgt_len if name == "overlap" else (eval_tgt_len or tgt_len)
-            if value is not None and not 0 <= value < length:
-                raise ValueError(
-                    f"data.{name} ({value}) must satisfy 0 <= {name} < window ({length}); the "
-                    "stride window - overlap must be positive"
-                )
+        check_overlap("overlap", overlap, tgt_len)
+        if eval_overlap is not None:
+            check_overlap("eval_overlap", eval_overlap, eval_tgt_len or tgt_len)
         root_path = Path(root).expanduser() if root else default_root()
         self.spec = CorpusSpec(
             name=corpus,
@@ -133,6 +129,11 @@ class LMDataModule(pl.LightningDataModule):
         if n_words is None:
             return None
         return n_words[self.word_convention] if isinstance(n_words, Mapping) else int(n_words)
+
+    def set_eval_overlap(self, overlap: int) -> None:
+        """Change the evaluation overlap (window mode) between evaluations of one checkpoint."""
+        check_overlap("eval_overlap", overlap, self.eval_tgt_len)
+        self.eval_overlap = overlap
 
     # ------------------------------------------------------------------ lifecycle
     def prepare_data(self) -> None:
@@ -181,6 +182,14 @@ class LMDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> SegmentStream:
         return self.stream("test", train=False)
+
+
+def check_overlap(name: str, overlap: int, window: int) -> None:
+    if not 0 <= overlap < window:
+        raise ValueError(
+            f"data.{name} ({overlap}) must satisfy 0 <= {name} < window ({window}): the stride "
+            "window - overlap must be positive"
+        )
 
 
 def default_cache_dir(root: Path) -> Path:
