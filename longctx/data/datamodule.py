@@ -128,7 +128,7 @@ class LMDataModule(pl.LightningDataModule):
         n_words = self._corpus.split(split).n_words
         if n_words is None:
             return None
-        return n_words[self.word_convention] if isinstance(n_words, Mapping) else int(n_words)
+        return n_words.get(self.word_convention) if isinstance(n_words, Mapping) else int(n_words)
 
     def set_eval_overlap(self, overlap: int) -> None:
         """Change the evaluation overlap (window mode) between evaluations of one checkpoint."""

@@ -1,0 +1,431 @@
+"""Tokenize a corpus once into an on-disk cache that every rank memory-maps.
+
+Cache layout, `<cache_dir>/<corpus>-<fingerprint>/`:
+
+- `<split>.npy`: token ids, smallest unsigned dtype that fits the vocabulary (uint8 bytes, uint16
+  GPT-2, uint32 WikiText-103 words);
+- `<split>.docs.npy`: for document corpora (PG-19), `(n_docs + 1,)` offsets of the books;
+- `vocab.txt`: the word vocabulary of word-level corpora, one symbol per line, id = line number;
+- `meta.json`: vocabulary size, token/document/word counts per split. Written last: a cache without
+  it is incomplete and is rebuilt.
+
+Every file is written to a temporary name and renamed (`atomic_path`), so a crash never leaves a
+cache that a later run trusts. The fingerprint covers everything that changes the ids (corpus,
+which file feeds each split, tokenizer, PG-19 subset, format version). PG-19 is tokenized book by
+book and streamed to disk: it is never held in memory whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from longctx.data import pg19
+from longctx.data.corpora import (
+    CONTIGUOUS_SPLIT,
+    GPT2_BASE,
+    GPT2_FILES,
+    PG19_BUCKET,
+    PG19_LISTING,
+    Corpus,
+    get_corpus,
+)
+from longctx.data.download import (
+    DataError,
+    atomic_path,
+    existing,
+    extract_members,
+    fetch,
+    open_maybe_gz,
+    verify,
+    verify_member,
+)
+from longctx.data.tokenize import (
+    WordVocab,
+    count_words,
+    encode_bpe,
+    encode_bytes,
+    encode_text8,
+    gpt2_files,
+    gpt2_tokenizer_from_files,
+    smallest_uint,
+)
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "valid", "test")
+SAMPLE_FILE = Path(__file__).parent / "sample" / "theophrastus_such.txt.gz"
+SAMPLE_EVAL_FRACTION = 0.05
+GPT2_VOCAB_SIZE = 50_257
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """Everything that decides which raw files are read and which token ids come out.
+
+    name: corpus (see `corpora.CORPORA`). root: raw files. cache_dir: token caches.
+    download: allow network access. split_sources: which corpus split feeds each split (default:
+    itself). tokenizer: GPT-2 BPE source for BPE corpora: `gpt2` (OpenAI's files, fetched into
+    `<root>/gpt2` when missing), a local folder, or a Hugging Face hub id. max_train_documents /
+    max_eval_document_tokens: PG-19 subset (first N train books; first K tokens of every validation
+    book). mirror: base URL of a mirror with the same file names (`<mirror>/<archive>.zip`,
+    `<mirror>/gpt2/*`, `<mirror>/pg19/<folder>/*.txt`, `<mirror>/pg19-listing`).
+    """
+
+    name: str
+    root: Path
+    cache_dir: Path
+    download: bool = True
+    split_sources: dict[str, str] | None = None
+    tokenizer: str = "gpt2"
+    max_train_documents: int | None = None
+    max_eval_document_tokens: int | None = None
+    mirror: str | None = None
+
+    @property
+    def corpus(self) -> Corpus:
+        return get_corpus(self.name)
+
+    def source(self, split: str) -> str:
+        return (self.split_sources or {}).get(split, split)
+
+    def fingerprint(self) -> str:
+        corpus = self.corpus
+        key = {
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "sources": {s: self.source(s) for s in SPLITS},
+            "tokenizer": resolved_tokenizer_name(self.tokenizer) if corpus.unit == "bpe" else None,
+            "subset": [self.max_train_documents, self.max_eval_document_tokens] if corpus.documents else None,
+        }
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def path(self) -> Path:
+        return self.cache_dir / f"{self.name}-{self.fingerprint()}"
+
+
+@dataclass
+class TokenizedSplit:
+    """tokens: (N,) memory-mapped ids; doc_offsets: (n_docs + 1,) or None; n_words: word counts by
+    convention (`whitespace_eos`, `whitespace`) for corpora that keep them, else None."""
+
+    tokens: np.ndarray
+    doc_offsets: np.ndarray | None
+    n_words: dict[str, int] | None
+
+
+@dataclass
+class TokenizedCorpus:
+    corpus: Corpus
+    vocab_size: int
+    splits: dict[str, TokenizedSplit]
+    path: Path
+
+    def split(self, name: str) -> TokenizedSplit:
+        if name not in self.splits:
+            raise KeyError(f"{self.corpus.name} has no split {name!r}; splits: {list(self.splits)}")
+        return self.splits[name]
+
+
+# ---------------------------------------------------------------------------------- public API
+def prepare_corpus(spec: CorpusSpec) -> Path:
+    """Download (if allowed), verify and tokenize `spec` into its cache; a no-op if it is there."""
+    path = spec.path
+    if (path / "meta.json").is_file():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    corpus = spec.corpus
+    if corpus.contiguous_split:
+        meta = _tokenize_contiguous(spec, path)
+    elif corpus.unit == "word":
+        meta = _tokenize_words(spec, path)
+    elif corpus.documents:
+        meta = _tokenize_documents(spec, path)
+    else:
+        meta = _tokenize_bpe_files(spec, path)
+    meta.update(version=FORMAT_VERSION, corpus=spec.name, sources={s: spec.source(s) for s in SPLITS})
+    with atomic_path(path / "meta.json") as tmp:
+        tmp.write_text(json.dumps(meta, indent=1))
+    return path
+
+
+def load_corpus(spec: CorpusSpec) -> TokenizedCorpus:
+    """Memory-map a prepared cache (every rank calls this; nothing is read into RAM)."""
+    path = spec.path
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        raise DataError(
+            f"{spec.name}: no token cache at {path}. Prepare it first: `python -m longctx.data prepare "
+            f"{spec.name} --root {spec.root} --cache_dir {spec.cache_dir}` (Lightning's prepare_data "
+            "does this on local rank 0 before setup)"
+        )
+    meta = json.loads(meta_path.read_text())
+    splits = {}
+    for split, info in meta["splits"].items():
+        docs = path / f"{split}.docs.npy"
+        splits[split] = TokenizedSplit(
+            tokens=np.load(path / f"{split}.npy", mmap_mode="r"),
+            doc_offsets=np.load(docs) if docs.is_file() else None,
+            n_words=info.get("n_words"),
+        )
+    return TokenizedCorpus(spec.corpus, int(meta["vocab_size"]), splits, path)
+
+
+def vocab_size_of(spec: CorpusSpec) -> int:
+    """The vocabulary size, known before `setup` so the CLI can link it into the model.
+
+    Fixed for byte/char corpora and for the GPT-2 tokenizer; a word vocabulary built from other
+    splits than the canonical ones (`split_sources`) is read from (or built into) the cache.
+    """
+    corpus = spec.corpus
+    if corpus.unit == "bpe":
+        if resolved_tokenizer_name(spec.tokenizer) == "gpt2":
+            return GPT2_VOCAB_SIZE
+        return load_tokenizer(spec).get_vocab_size()
+    if corpus.vocab_size is not None and not (corpus.unit == "word" and spec.split_sources):
+        return corpus.vocab_size
+    meta = json.loads((prepare_corpus(spec) / "meta.json").read_text())
+    return int(meta["vocab_size"])
+
+
+# ---------------------------------------------------------------------------------- raw files
+def corpus_folder(spec: CorpusSpec) -> Path:
+    """The folder holding the corpus's extracted files: the first of its names that exists."""
+    corpus = spec.corpus
+    for name in corpus.dirnames:
+        if (spec.root / name).is_dir():
+            return spec.root / name
+    return spec.root / corpus.dirname
+
+
+def ensure_member(spec: CorpusSpec, name: str) -> Path:
+    """The extracted file `name` of the corpus (plain or .gz), downloading the archive if needed.
+
+    Files found on disk are checked against their pinned digest; a missing file offline is an error
+    naming the corpus, the file, where to put it and where it comes from.
+    """
+    corpus = spec.corpus
+    folder = corpus_folder(spec)
+    member = corpus.member(name)
+    if (path := existing(folder, name)) is not None:
+        verify_member(path, member, spec.name)
+        return path
+    archive = corpus.archive
+    if archive is None:
+        raise DataError(f"{spec.name}: {name} is not part of the corpus")
+    url = f"{spec.mirror.rstrip('/')}/{archive.filename}" if spec.mirror else archive.url
+    if not spec.download:
+        expected = ", ".join(m.name for m in archive.members)
+        raise DataError(
+            f"{spec.name}: {name} is missing from {folder} and downloads are off (data.download: false). "
+            f"Put the corpus files ({expected}; plain or .gz) in {folder}, or download {url} and unzip "
+            f"it there, or set data.download: true where there is network access"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    zip_path = folder / archive.filename
+    if not zip_path.is_file():
+        fetch(url, zip_path, checksum=archive.checksum, size=archive.size, what=spec.name)
+    else:
+        verify(zip_path, archive.checksum, size=archive.size, what=spec.name)
+    extract_members(archive, zip_path, folder, spec.name)
+    zip_path.unlink()  # every member is extracted and verified
+    return folder / name
+
+
+def resolved_tokenizer_name(tokenizer: str) -> str:
+    path = Path(tokenizer).expanduser()
+    return str(path.resolve()) if path.is_dir() else tokenizer
+
+
+def load_tokenizer(spec: CorpusSpec) -> Tokenizer:
+    """The GPT-2 BPE tokenizer named by `spec.tokenizer` (see `CorpusSpec`)."""
+    source = spec.tokenizer
+    path = Path(source).expanduser()
+    if path.is_dir():
+        files = gpt2_files(path)
+        if files is None:
+            raise DataError(
+                f"tokenizer folder {path} has no vocab.json + merges.txt (or encoder.json + vocab.bpe)"
+            )
+        return gpt2_tokenizer_from_files(*files)
+    if source == "gpt2":
+        folder = spec.root / "gpt2"
+        if (files := gpt2_files(folder)) is None:
+            if not spec.download:
+                raise DataError(
+                    f"GPT-2 tokenizer files (encoder.json, vocab.bpe) are not in {folder} and downloads "
+                    f"are off; copy them there from {GPT2_BASE}, or point data.tokenizer at a folder "
+                    "with vocab.json and merges.txt"
+                )
+            base = f"{spec.mirror.rstrip('/')}/gpt2" if spec.mirror else GPT2_BASE
+            for name, checksum in GPT2_FILES.items():
+                fetch(f"{base}/{name}", folder / name, checksum=checksum, what=f"gpt2 {name}")
+            files = gpt2_files(folder)
+        for file, checksum in zip(files, GPT2_FILES.values(), strict=True):
+            verify(file, checksum, what="GPT-2 tokenizer")
+        return gpt2_tokenizer_from_files(*files)
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source).backend_tokenizer
+    except (OSError, ValueError) as err:
+        raise DataError(
+            f"cannot load tokenizer {source!r} ({err}); offline, point data.tokenizer at a folder with "
+            "vocab.json and merges.txt"
+        ) from err
+
+
+# ---------------------------------------------------------------------------------- tokenizers
+def _save(path: Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)
+
+
+def _split_info(tokens: np.ndarray, **extra) -> dict:
+    return {"tokens": len(tokens), "dtype": str(tokens.dtype), **extra}
+
+
+def _tokenize_contiguous(spec: CorpusSpec, path: Path) -> dict:
+    """enwik8 / text8 / sample: one member cut into train / valid / test by position."""
+    corpus = spec.corpus
+    if corpus.name == "sample":
+        with open_maybe_gz(SAMPLE_FILE) as f:
+            data = f.read()
+        n_eval = round(SAMPLE_EVAL_FRACTION * len(data))
+        sizes = {"valid": n_eval, "test": n_eval}
+    else:
+        with open_maybe_gz(ensure_member(spec, corpus.contiguous_split)) as f:
+            data = f.read()
+        sizes = CONTIGUOUS_SPLIT
+    ids = encode_text8(data) if corpus.unit == "char" else encode_bytes(data)
+    n_test, n_valid = sizes["test"], sizes["valid"]
+    parts = {
+        "train": ids[: len(ids) - n_valid - n_test],
+        "valid": ids[len(ids) - n_valid - n_test : len(ids) - n_test],
+        "test": ids[len(ids) - n_test :],
+    }
+    splits = {}
+    for split in SPLITS:
+        tokens = parts[spec.source(split)]
+        _save(path / f"{split}.npy", tokens)
+        splits[split] = _split_info(tokens)
+    return {"vocab_size": corpus.vocab_size, "splits": splits}
+
+
+def _tokenize_words(spec: CorpusSpec, path: Path) -> dict:
+    """WikiText word level: the Transformer-XL vocabulary and ids."""
+    corpus = spec.corpus
+    files = {split: ensure_member(spec, corpus.splits[spec.source(split)]) for split in SPLITS}
+    vocab_files = list(dict.fromkeys(files[s] for s in corpus.vocab_splits))
+    vocab = WordVocab.build(vocab_files)
+    if spec.split_sources is None and corpus.vocab_size and len(vocab) != corpus.vocab_size:
+        raise DataError(
+            f"{spec.name}: the vocabulary built from {[str(f) for f in vocab_files]} has {len(vocab):,} "
+            f"symbols, expected {corpus.vocab_size:,}: these are not the published files"
+        )
+    with atomic_path(path / "vocab.txt") as tmp:
+        vocab.save(tmp)
+    splits = {}
+    for split in SPLITS:
+        tokens = vocab.encode_file(files[split])
+        _save(path / f"{split}.npy", tokens)
+        splits[split] = _split_info(tokens)
+    return {"vocab_size": len(vocab), "splits": splits}
+
+
+def _tokenize_bpe_files(spec: CorpusSpec, path: Path) -> dict:
+    """WikiText-103 raw in GPT-2 BPE, with the word counts of each split."""
+    corpus = spec.corpus
+    tokenizer = load_tokenizer(spec)
+    splits = {}
+    for split in SPLITS:
+        file = ensure_member(spec, corpus.splits[spec.source(split)])
+        with open_maybe_gz(file) as f:
+            text = f.read().decode("utf-8")
+        tokens = encode_bpe(tokenizer, text)
+        _save(path / f"{split}.npy", tokens)
+        splits[split] = _split_info(tokens, n_words=count_words(file))
+    return {"vocab_size": tokenizer.get_vocab_size(), "splits": splits}
+
+
+def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
+    """PG-19: book by book, streamed to disk; offsets of the books kept per split."""
+    tokenizer = load_tokenizer(spec)
+    dtype = smallest_uint(tokenizer.get_vocab_size() - 1)
+    bucket = f"{spec.mirror.rstrip('/')}/pg19" if spec.mirror else PG19_BUCKET
+    listing = f"{spec.mirror.rstrip('/')}/pg19-listing" if spec.mirror else PG19_LISTING
+    splits = {}
+    for split in SPLITS:
+        source = spec.source(split)
+        books = pg19.ensure_split(
+            spec.root,
+            source,
+            download=spec.download,
+            max_documents=spec.max_train_documents if split == "train" else None,
+            bucket_url=bucket,
+            listing_url=listing,
+        )
+        limit = spec.max_eval_document_tokens if split == "valid" else None
+        offsets, words = [0], 0
+        with TokenFileWriter(path / f"{split}.npy", dtype) as writer:
+            for ids, n_words in _book_ids(tokenizer, books, limit):
+                writer.append(ids)
+                offsets.append(offsets[-1] + len(ids))
+                words += n_words
+        _save(path / f"{split}.docs.npy", np.asarray(offsets, dtype=np.int64))
+        # Books are not line-oriented: only whitespace words are counted (none for a truncated split).
+        n_words = None if limit else {"whitespace": words}
+        splits[split] = {
+            "tokens": offsets[-1],
+            "dtype": str(dtype),
+            "documents": len(books),
+            "n_words": n_words,
+        }
+    return {"vocab_size": tokenizer.get_vocab_size(), "splits": splits}
+
+
+def _book_ids(tokenizer: Tokenizer, books: list[Path], limit: int | None) -> Iterator[tuple[np.ndarray, int]]:
+    for book in books:
+        with open_maybe_gz(book) as f:
+            text = f.read().decode("utf-8")
+        ids = encode_bpe(tokenizer, text)
+        yield (ids[:limit] if limit else ids), len(text.split())
+
+
+class TokenFileWriter:
+    """Append id arrays to a temporary raw file; on success, turn it into `<path>` (.npy) atomically."""
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path, self.dtype, self.n = path, np.dtype(dtype), 0
+        self.raw = path.with_name(f"{path.name}.raw-{os.getpid()}")
+
+    def __enter__(self) -> TokenFileWriter:
+        self.file = open(self.raw, "wb")
+        return self
+
+    def append(self, ids: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(ids, dtype=self.dtype).tobytes())
+        self.n += len(ids)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.file.close()
+        try:
+            if exc_type is None:
+                with atomic_path(self.path) as tmp:
+                    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=self.dtype, shape=(self.n,))
+                    if self.n:
+                        src = np.memmap(self.raw, dtype=self.dtype, mode="r", shape=(self.n,))
+                        for start in range(0, self.n, 1 << 24):
+                            out[start : start + (1 << 24)] = src[start : start + (1 << 24)]
+                        del src
+                    out.flush()
+                    del out
+        finally:
+            self.raw.unlink(missing_ok=True)

@@ -1,0 +1,191 @@
+"""Tokenizers: bytes and text8 characters (pure numpy), Transformer-XL words, GPT-2 BPE.
+
+- enwik8 / sample: every byte is a token (ids 0..255), `np.frombuffer`, no copy.
+- text8: 27 symbols (space, a-z) through a 256-entry lookup table: one numpy gather.
+- WikiText (word level), exactly as Transformer-XL's `Vocab` (kimiyoung/transformer-xl,
+  `pytorch/utils/vocabulary.py`): each line stripped, split on whitespace, `<eos>` appended; the
+  vocabulary is `<eos>` then every other symbol by decreasing count (ties in order of first
+  appearance, as `Counter.most_common`).
+- GPT-2 BPE through `tokenizers` (Rust), from OpenAI's `encoder.json`/`vocab.bpe` or Hugging Face's
+  `vocab.json`/`merges.txt` (plain or gzipped). Long texts are encoded in chunks cut only where the
+  GPT-2 pre-tokenizer cannot merge across the cut, so the ids equal those of one call on the whole
+  text (tested) while memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from longctx.data.download import existing, open_maybe_gz
+
+EOS = "<eos>"
+UNK = "<unk>"
+TEXT8_ALPHABET = b" abcdefghijklmnopqrstuvwxyz"
+GPT2_EOT = "<|endoftext|>"
+
+
+def smallest_uint(max_value: int) -> np.dtype:
+    """The smallest unsigned dtype holding ids 0..max_value."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if max_value <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.uint64)
+
+
+# ---------------------------------------------------------------------------------- bytes, chars
+def encode_bytes(data: bytes) -> np.ndarray:
+    """Byte-level ids (uint8), a zero-copy view of `data`."""
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+_TEXT8_TABLE = np.full(256, 255, dtype=np.uint8)
+_TEXT8_TABLE[np.frombuffer(TEXT8_ALPHABET, dtype=np.uint8)] = np.arange(len(TEXT8_ALPHABET))
+
+
+def encode_text8(data: bytes) -> np.ndarray:
+    """text8 character ids (uint8): space = 0, a..z = 1..26."""
+    ids = _TEXT8_TABLE[np.frombuffer(data, dtype=np.uint8)]
+    bad = np.flatnonzero(ids == 255)
+    if bad.size:
+        raise ValueError(
+            f"text8 holds only space and a-z; byte {bytes([data[bad[0]]])!r} at offset {bad[0]:,} is "
+            "neither: this is not the text8 file"
+        )
+    return ids
+
+
+# ---------------------------------------------------------------------------------- words
+def read_lines(path: Path) -> Iterator[str]:
+    """Lines as Python's text mode yields them (universal newlines), as the reference code reads."""
+    with open_maybe_gz(path) as raw:
+        yield from io.TextIOWrapper(raw, encoding="utf-8")
+
+
+def line_symbols(line: str) -> list[str]:
+    """Transformer-XL's `tokenize(line, add_eos=True)`: strip, split on whitespace, append <eos>."""
+    return [*line.strip().split(), EOS]
+
+
+class WordVocab:
+    """Word vocabulary in Transformer-XL order: `<eos>`, then symbols by decreasing count."""
+
+    def __init__(self, symbols: list[str]) -> None:
+        self.symbols = symbols
+        self.index = {s: i for i, s in enumerate(symbols)}
+
+    @classmethod
+    def build(cls, files: Iterable[Path]) -> WordVocab:
+        counter: Counter[str] = Counter()
+        for path in files:
+            for line in read_lines(path):
+                counter.update(line_symbols(line))
+        symbols = [EOS] + [s for s, _ in counter.most_common() if s != EOS]
+        return cls(symbols)
+
+    def __len__(self) -> int:
+        return len(self.symbols)
+
+    def encode_file(self, path: Path) -> np.ndarray:
+        """Ids of every symbol of the file; words not in the vocabulary become `<unk>`."""
+        index, unk = self.index, self.index.get(UNK)
+        ids: list[int] = []
+        for line in read_lines(path):
+            for symbol in line_symbols(line):
+                i = index.get(symbol, unk)
+                if i is None:
+                    raise ValueError(
+                        f"{path}: word {symbol!r} is not in the vocabulary and the vocabulary has no "
+                        f"{UNK}; build the vocabulary from a split that covers this one"
+                    )
+                ids.append(i)
+        return np.asarray(ids, dtype=smallest_uint(len(self) - 1))
+
+    def save(self, path: Path) -> None:
+        path.write_text("\n".join(self.symbols) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> WordVocab:
+        return cls(path.read_text(encoding="utf-8").split("\n")[:-1])
+
+
+def count_words(path: Path) -> dict[str, int]:
+    """Words of a raw text under both conventions: whitespace tokens, and those plus one per line
+    (the count Transformer-XL's word-level files give, used for perplexity per word)."""
+    words = lines = 0
+    for line in read_lines(path):
+        words += len(line.split())
+        lines += 1
+    return {"whitespace": words, "whitespace_eos": words + lines}
+
+
+# ---------------------------------------------------------------------------------- GPT-2 BPE
+VOCAB_NAMES = ("vocab.json", "encoder.json")
+MERGES_NAMES = ("merges.txt", "vocab.bpe")
+
+
+def gpt2_files(folder: Path) -> tuple[Path, Path] | None:
+    """The vocabulary and merges files of a GPT-2 tokenizer folder (plain or gzipped), if present."""
+    vocab = next((p for n in VOCAB_NAMES if (p := existing(folder, n))), None)
+    merges = next((p for n in MERGES_NAMES if (p := existing(folder, n))), None)
+    return (vocab, merges) if vocab and merges else None
+
+
+def gpt2_tokenizer_from_files(vocab_path: Path, merges_path: Path) -> Tokenizer:
+    """GPT-2's byte-level BPE (no prefix space, `<|endoftext|>` special) from its two files."""
+    with open_maybe_gz(vocab_path) as f:
+        vocab = json.load(f)
+    with open_maybe_gz(merges_path) as f:
+        lines = f.read().decode("utf-8").split("\n")
+    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([GPT2_EOT])
+    return tokenizer
+
+
+# A cut before a line is safe when the GPT-2 pre-tokenizer splits there anyway: the next line starts
+# with one space then a non-space (the whitespace before it is its own pre-token whatever follows), or
+# it starts with a non-space and the text before ends in exactly one whitespace character.
+_SAFE_NEXT_SPACE = re.compile(r" \S")
+_SAFE_NEXT_WORD = re.compile(r"\S")
+
+
+def _safe_cut(before: str, after: str) -> bool:
+    if not before or not after or not before[-1].isspace():
+        return False
+    if _SAFE_NEXT_SPACE.match(after):
+        return True
+    return bool(_SAFE_NEXT_WORD.match(after)) and len(before) >= 2 and not before[-2].isspace()
+
+
+def text_chunks(text: str, chunk_chars: int) -> Iterator[str]:
+    """Pieces of about `chunk_chars` characters, cut only at safe line boundaries."""
+    start, cursor = 0, 0
+    while cursor < len(text):
+        newline = text.find("\n", cursor)
+        if newline < 0:
+            break
+        cursor = newline + 1
+        if cursor - start >= chunk_chars and _safe_cut(text[start:cursor], text[cursor : cursor + 2]):
+            yield text[start:cursor]
+            start = cursor
+    if start < len(text):
+        yield text[start:]
+
+
+def encode_bpe(tokenizer: Tokenizer, text: str, chunk_chars: int = 1 << 13) -> np.ndarray:
+    """GPT-2 ids (uint16) of a text, encoded in safe chunks (equal to encoding it whole)."""
+    chunks = list(text_chunks(text, chunk_chars))
+    parts = [
+        np.asarray(e.ids, dtype=np.uint16) for e in tokenizer.encode_batch(chunks, add_special_tokens=False)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)

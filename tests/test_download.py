@@ -1,0 +1,281 @@
+"""Downloads against a local HTTP server: good, corrupt, truncated and offline files, for single files,
+zip corpora (through `data.mirror`), PG-19 books and the GPT-2 tokenizer files."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import gzip
+import hashlib
+import http.server
+import io
+import json
+import socket
+import threading
+import urllib.parse
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from longctx.data import corpora
+from longctx.data.cache import CorpusSpec, load_corpus, prepare_corpus, vocab_size_of
+from longctx.data.corpora import Archive, Checksum, Member
+from longctx.data.download import ChecksumError, DataError, fetch
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class Server:
+    """Serves `files` (URL path -> bytes) on 127.0.0.1; `/pg19-listing` answers like the GCS JSON API."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.requests: list[str] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                url = urllib.parse.urlparse(self.path)
+                server.requests.append(url.path)
+                if url.path == "/pg19-listing":
+                    body = server.listing(urllib.parse.parse_qs(url.query))
+                elif url.path in server.files:
+                    body = server.files[url.path]
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def listing(self, query: dict[str, list[str]]) -> bytes:
+        """One book per page, to exercise pagination."""
+        prefix = "/pg19/" + query["prefix"][0]
+        names = sorted(p for p in self.files if p.startswith(prefix))
+        start = int(query.get("pageToken", ["0"])[0])
+        page: dict = {"items": []}
+        for path in names[start : start + 1]:
+            body = self.files[path]
+            md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
+            page["items"].append(
+                {"name": path.removeprefix("/pg19/"), "size": str(len(body)), "md5Hash": md5}
+            )
+        if start + 1 < len(names):
+            page["nextPageToken"] = str(start + 1)
+        return json.dumps(page).encode()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+def sha256(data: bytes) -> Checksum:
+    return Checksum("sha256", hashlib.sha256(data).hexdigest())
+
+
+def leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob("*") if ".part-" in p.name or ".raw-" in p.name]
+
+
+# ---------------------------------------------------------------------------------- single files
+def test_fetch_verifies_and_renames(server, tmp_path):
+    server.files["/f.bin"] = data = bytes(range(256)) * 100
+    dest = fetch(f"{server.url}/f.bin", tmp_path / "f.bin", checksum=sha256(data), size=len(data))
+    assert dest.read_bytes() == data and not leftovers(tmp_path)
+
+
+def test_corrupt_download_is_rejected_and_not_kept(server, tmp_path):
+    server.files["/f.bin"] = b"corrupted content"
+    with pytest.raises(ChecksumError, match=r"sha256 .* expected"):
+        fetch(f"{server.url}/f.bin", tmp_path / "f.bin", checksum=sha256(b"the real content"))
+    assert not (tmp_path / "f.bin").exists() and not leftovers(tmp_path)
+
+
+def test_truncated_download_is_rejected(server, tmp_path):
+    data = b"x" * 10_000
+    server.files["/f.bin"] = data[:6_000]
+    with pytest.raises(ChecksumError, match="6,000 bytes, expected 10,000"):
+        fetch(f"{server.url}/f.bin", tmp_path / "f.bin", checksum=sha256(data), size=len(data))
+    assert not (tmp_path / "f.bin").exists() and not leftovers(tmp_path)
+
+
+def test_offline_is_a_clear_error(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(DataError, match=r"cannot download .* place it at"):
+        fetch(f"http://127.0.0.1:{port}/f.bin", tmp_path / "f.bin")
+    assert not leftovers(tmp_path)
+
+
+# ---------------------------------------------------------------------------------- zip corpora
+WIKI = {
+    "train": " = Title = \n \n the cat sat on the mat \n the dog \n",
+    "valid": " the cat and the dog \n",
+    "test": " a cat sat \n",
+}
+
+
+def wiki_zip(splits: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for split, text in splits.items():
+            zf.writestr(f"tiny/wiki.{split}.tokens", text)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def tiny_wikitext(monkeypatch, server):
+    """A WikiText-like corpus served from the local server, registered as `wikitext2` with pinned
+    digests of its generated archive and members."""
+    payload = wiki_zip(WIKI)
+    server.files["/tiny.zip"] = payload
+    members = tuple(
+        Member(
+            f"wiki.{s}.tokens",
+            f"tiny/wiki.{s}.tokens",
+            Checksum("sha1", hashlib.sha1(t.encode()).hexdigest()),
+        )
+        for s, t in WIKI.items()
+    )
+    archive = Archive(f"{server.url}/nowhere/tiny.zip", "tiny.zip", len(payload), sha256(payload), members)
+    corpus = dataclasses.replace(corpora.CORPORA["wikitext2"], archive=archive, vocab_size=None)
+    monkeypatch.setitem(corpora.CORPORA, "wikitext2", corpus)
+    return server
+
+
+def spec(tmp_path: Path, mirror: str | None, **kwargs) -> CorpusSpec:
+    return CorpusSpec(
+        name=kwargs.pop("name", "wikitext2"),
+        root=tmp_path / "raw",
+        cache_dir=tmp_path / "cache",
+        mirror=mirror,
+        **kwargs,
+    )
+
+
+def test_zip_corpus_downloads_from_mirror_and_tokenizes(tiny_wikitext, tmp_path):
+    s = spec(tmp_path, tiny_wikitext.url)
+    prepare_corpus(s)
+    corpus = load_corpus(s)
+    # Transformer-XL vocabulary: <eos> first, then by count (ties by first appearance), all splits.
+    vocab = (s.path / "vocab.txt").read_text().split("\n")[:-1]
+    assert vocab[:6] == ["<eos>", "the", "cat", "=", "sat", "dog"]
+    assert corpus.vocab_size == len(vocab) == 11
+    ids = {w: i for i, w in enumerate(vocab)}
+    expected = [ids[w] for w in ["a", "cat", "sat", "<eos>"]]
+    np.testing.assert_array_equal(corpus.split("test").tokens, expected)
+    assert len(corpus.split("train").tokens) == 4 + 1 + 7 + 3  # <eos> per line, blank lines too
+    assert corpus.split("train").tokens.dtype == np.uint8
+    assert tiny_wikitext.requests == ["/tiny.zip"]  # the mirror replaced the canonical URL
+    assert not (tmp_path / "raw" / "wikitext-2" / "tiny.zip").exists()  # extracted and verified
+    prepare_corpus(s)  # a second call reads the cache only
+    assert tiny_wikitext.requests == ["/tiny.zip"]
+
+
+def test_corrupt_archive_leaves_no_cache(tiny_wikitext, tmp_path):
+    tiny_wikitext.files["/tiny.zip"] = wiki_zip({**WIKI, "test": " a dog sat \n"})
+    s = spec(tmp_path, tiny_wikitext.url)
+    with pytest.raises(ChecksumError, match="wikitext2"):
+        prepare_corpus(s)
+    assert not (s.path / "meta.json").exists()
+    assert not list((tmp_path / "raw").rglob("*.zip")) and not leftovers(tmp_path)
+
+
+def test_tampered_member_on_disk_is_rejected(tiny_wikitext, tmp_path):
+    folder = tmp_path / "raw" / "wikitext-2"
+    folder.mkdir(parents=True)
+    for split, text in WIKI.items():
+        (folder / f"wiki.{split}.tokens").write_text(text)
+    (folder / "wiki.valid.tokens").write_text(" the cat and the cat \n")
+    with pytest.raises(ChecksumError, match=r"wiki\.valid\.tokens .* sha1"):
+        prepare_corpus(spec(tmp_path, None, download=False))
+
+
+def test_existing_gzipped_files_need_no_network(tiny_wikitext, tmp_path):
+    folder = tmp_path / "raw" / "wikitext-2"
+    folder.mkdir(parents=True)
+    for split, text in WIKI.items():
+        (folder / f"wiki.{split}.tokens.gz").write_bytes(gzip.compress(text.encode()))
+    s = spec(tmp_path, None, download=False)
+    assert vocab_size_of(s) == 11 and tiny_wikitext.requests == []
+
+
+# ---------------------------------------------------------------------------------- PG-19 and GPT-2
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present")
+
+BOOKS = {
+    "train": {"200.txt": "Second book.\n", "100.txt": "First book, by name.\n", "300.txt": "Third.\n"},
+    "validation": {"400.txt": "A validation book with more words in it.\n"},
+    "test": {"500.txt": "The test book.\n"},
+}
+
+
+@needs_shared
+def test_pg19_books_and_gpt2_files_from_mirror(server, tmp_path):
+    for name in ("encoder.json", "vocab.bpe"):
+        server.files[f"/gpt2/{name}"] = gzip.decompress((SHARED / "gpt2" / f"{name}.gz").read_bytes())
+    for folder, books in BOOKS.items():
+        for name, text in books.items():
+            server.files[f"/pg19/{folder}/{name}"] = text.encode()
+    s = spec(tmp_path, server.url, name="pg19", max_train_documents=2, max_eval_document_tokens=3)
+    prepare_corpus(s)
+    corpus = load_corpus(s)
+    train = corpus.split("train")
+    # The first two train books by file name: 100.txt then 200.txt, each its own document.
+    assert len(train.doc_offsets) == 3
+    first = np.asarray(train.tokens[: train.doc_offsets[1]])
+    from longctx.data.cache import load_tokenizer
+
+    tokenizer = load_tokenizer(s)
+    assert tokenizer.decode(first.tolist()) == BOOKS["train"]["100.txt"]
+    assert len(corpus.split("valid").tokens) == 3  # first 3 tokens of the validation book
+    assert corpus.split("test").n_words == {"whitespace": 3}
+    assert (tmp_path / "raw" / "gpt2" / "encoder.json").is_file()
+    assert not leftovers(tmp_path)
+
+
+def test_pg19_corrupt_book_is_rejected(server, tmp_path, monkeypatch):
+    server.files["/pg19/test/500.txt"] = b"The test book.\n"
+    listing = server.listing
+
+    def bad_listing(query):  # the listing promises other bytes than the server sends
+        page = json.loads(listing(query))
+        for item in page["items"]:
+            item["md5Hash"] = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+        return json.dumps(page).encode()
+
+    monkeypatch.setattr(server, "listing", bad_listing)
+    from longctx.data import pg19
+
+    with pytest.raises(ChecksumError, match=r"pg19 test/500\.txt"):
+        pg19.ensure_split(
+            tmp_path,
+            "test",
+            download=True,
+            max_documents=None,
+            bucket_url=f"{server.url}/pg19",
+            listing_url=f"{server.url}/pg19-listing",
+        )
+    assert not (tmp_path / "pg19" / "test" / "500.txt").exists()
+
+
+def test_pg19_offline_without_books_names_the_folder(tmp_path):
+    with pytest.raises(DataError, match=r"pg19: no books for split train .*train"):
+        prepare_corpus(spec(tmp_path, None, name="pg19", download=False, tokenizer=str(SHARED / "gpt2")))

@@ -1,0 +1,101 @@
+"""Tokenizers on real text: GPT-2 BPE equals Hugging Face's, chunking changes nothing, the byte/char
+paths and the enwik8/text8 90M/5M/5M split convention."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from longctx.data import cache, corpora
+from longctx.data.cache import CorpusSpec, load_corpus, prepare_corpus
+from longctx.data.corpora import Checksum
+from longctx.data.tokenize import (
+    WordVocab,
+    count_words,
+    encode_bpe,
+    encode_text8,
+    gpt2_tokenizer_from_files,
+    text_chunks,
+)
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present")
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return gpt2_tokenizer_from_files(SHARED / "gpt2" / "encoder.json.gz", SHARED / "gpt2" / "vocab.bpe.gz")
+
+
+@needs_shared
+def test_gpt2_bpe_equals_hugging_face(gpt2, tmp_path):
+    from transformers import GPT2Tokenizer
+
+    (tmp_path / "vocab.json").write_bytes(gzip.decompress((SHARED / "gpt2" / "encoder.json.gz").read_bytes()))
+    (tmp_path / "merges.txt").write_bytes(gzip.decompress((SHARED / "gpt2" / "vocab.bpe.gz").read_bytes()))
+    reference = GPT2Tokenizer.from_pretrained(str(tmp_path))
+    text = gzip.decompress((SHARED / "wikitext-raw" / "wiki.test.raw.gz").read_bytes()).decode()[:50_000]
+    text += "<|endoftext|> don't  \n\n  spaces\t\ttabs"
+    assert gpt2.get_vocab_size() == 50_257
+    assert gpt2.encode(text).ids == reference(text)["input_ids"]
+
+
+@needs_shared
+@pytest.mark.parametrize("source", ["wikitext-raw/wiki.test.raw.gz", "pg19/gutenberg_source/10146.txt.gz"])
+def test_chunked_bpe_equals_one_call_on_the_whole_text(gpt2, source):
+    text = gzip.decompress((SHARED / source).read_bytes()).decode("utf-8-sig").replace("\r\n", "\n")
+    whole = np.asarray(gpt2.encode(text).ids)
+    chunks = list(text_chunks(text, 2_000))
+    assert len(chunks) > 50 and "".join(chunks) == text
+    np.testing.assert_array_equal(encode_bpe(gpt2, text, chunk_chars=2_000), whole)
+
+
+@needs_shared
+def test_wikitext_statistics():
+    valid = SHARED / "wikitext-103" / "wiki.valid.tokens.gz"
+    vocab = WordVocab.build([valid])
+    ids = vocab.encode_file(valid)
+    assert len(ids) == 217_646 and int((ids == 0).sum()) == 3_760  # one <eos> per line
+    assert vocab.symbols[0] == "<eos>" and vocab.symbols[1] == "the"
+    counts = np.bincount(ids, minlength=len(vocab))
+    assert (np.diff(counts[1:]) <= 0).all()  # ordered by decreasing frequency
+    assert count_words(SHARED / "wikitext-raw" / "wiki.test.raw.gz") == {
+        "whitespace": 241_211,
+        "whitespace_eos": 245_569,
+    }
+
+
+def test_text8_alphabet():
+    np.testing.assert_array_equal(encode_text8(b" az b"), [0, 1, 26, 0, 2])
+    with pytest.raises(ValueError, match=r"byte b'A' at offset 2 .*not the text8 file"):
+        encode_text8(b"abAc")
+
+
+@pytest.mark.parametrize("name", ["enwik8", "text8"])
+def test_contiguous_split_convention(monkeypatch, tmp_path, name):
+    """The last n_test units are test, the n_valid before them validation (here 50 + 50 of 1,000)."""
+    rng = np.random.default_rng(0)
+    data = bytes(rng.choice(np.frombuffer(b" abcdefghijklmnopqrstuvwxyz", np.uint8), 1_000))
+    folder = tmp_path / "raw" / name
+    folder.mkdir(parents=True)
+    (folder / name).write_bytes(data)
+    corpus = corpora.CORPORA[name]
+    member = dataclasses.replace(
+        corpus.archive.members[0], checksum=Checksum("md5", hashlib.md5(data).hexdigest())
+    )
+    archive = dataclasses.replace(corpus.archive, members=(member,))
+    monkeypatch.setitem(corpora.CORPORA, name, dataclasses.replace(corpus, archive=archive))
+    monkeypatch.setattr(cache, "CONTIGUOUS_SPLIT", {"valid": 50, "test": 50})
+    spec = CorpusSpec(name, root=tmp_path / "raw", cache_dir=tmp_path / "cache", download=False)
+    prepare_corpus(spec)
+    splits = load_corpus(spec).splits
+    assert [len(splits[s].tokens) for s in ("train", "valid", "test")] == [900, 50, 50]
+    whole = encode_text8(data) if name == "text8" else np.frombuffer(data, np.uint8)
+    np.testing.assert_array_equal(splits["valid"].tokens, whole[900:950])
+    np.testing.assert_array_equal(splits["test"].tokens, whole[950:])
+    assert splits["train"].tokens.dtype == np.uint8
