@@ -62,6 +62,8 @@ def wandb_credentials_present() -> bool:
 
 def ensure_wandb_mode() -> None:
     """Go offline when there is no W&B mode and no credentials (never prompt for a login)."""
+    if not os.environ.get("WANDB_MODE"):
+        os.environ.pop("WANDB_MODE", None)  # an empty value is no mode (wandb would reject it)
     if "WANDB_MODE" not in os.environ and not wandb_credentials_present():
         os.environ["WANDB_MODE"] = "offline"
 

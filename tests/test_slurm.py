@@ -126,3 +126,18 @@ def test_sweep_file_parsing(tmp_path):
     sweep.write_text("train --config a.yaml\n")
     with pytest.raises(ValueError, match="must start with fit, validate or test"):
         task_arguments(sweep, 0)
+
+
+@pytest.mark.parametrize("sweep", ["paper_tables.txt", "paper_evals.txt"])
+def test_paper_sweeps_name_existing_configs_and_subcommands(sweep):
+    """Every run of the paper sweeps is a known subcommand with a config that exists, and run names
+    (hence run directories and W&B ids) are unique."""
+    repo = Path(__file__).resolve().parents[1]
+    runs = run_lines(repo / "slurm" / "sweeps" / sweep)
+    assert len(runs) >= 10
+    names = []
+    for args in runs:
+        assert args[0] in ("fit", "validate", "test", "evaluate_overlaps"), args
+        assert (repo / args[args.index("--config") + 1]).is_file(), args
+        names.append(args[args.index("--run_name") + 1])
+    assert len(set(names)) == len(names)

@@ -51,6 +51,7 @@ class LMDataModule(pl.LightningDataModule):
         seed: seed of that order.
         word_convention: how words are counted for `*/word_ppl`: whitespace tokens plus one per
             line (`whitespace_eos`, the Transformer-XL token count) or whitespace tokens only.
+        mirror: base URL of a mirror serving the corpus files under their own names (docs/data.md).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class LMDataModule(pl.LightningDataModule):
         shuffle_documents: bool = False,
         seed: int = 0,
         word_convention: Literal["whitespace_eos", "whitespace"] = "whitespace_eos",
+        mirror: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -95,6 +97,7 @@ class LMDataModule(pl.LightningDataModule):
             tokenizer=tokenizer,
             max_train_documents=max_train_documents,
             max_eval_document_tokens=max_eval_document_tokens,
+            mirror=mirror,
         )
         self.batch_size = batch_size
         self.tgt_len = tgt_len

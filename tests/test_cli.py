@@ -1,0 +1,143 @@
+"""The CLI: every config parses, a tiny fit end to end, run directories, W&B offline, bad input.
+
+LightningCLI builds its parser by introspection (seconds), so these tests are few and in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from longctx.cli import LongCtxCLI, ensure_wandb_mode, main, run_name_from_env
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def _run_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("LONGCTX_DATA", str(tmp_path / "data"))
+    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "LONGCTX_RUN_NAME"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_every_config_parses():
+    """Each YAML in configs/ is a valid fit config: classes resolve, no unknown keys."""
+    assert len(CONFIGS) >= 10
+    failures = {}
+    for config in CONFIGS:
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+                main(["fit", "--config", str(config), "--print_config"])
+            assert exit_info.value.code in (0, None)
+            resolved = yaml.safe_load(out.getvalue())
+            assert resolved["model"]["class_path"].startswith("longctx.models.")
+        except BaseException as err:  # noqa: BLE001 (collect every failing config)
+            failures[config.name] = repr(err)[:500]
+    assert not failures, failures
+
+
+def quick_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        "--config", str(REPO / "configs" / "quickstart.yaml"),
+        "--data.cache_dir", str(tmp_path / "cache"),
+        "--trainer.max_steps", "3",
+        "--trainer.val_check_interval", "3",
+        "--trainer.limit_val_batches", "2",
+        "--trainer.enable_progress_bar", "false",
+        "--run_name", "quick",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_quickstart_fits_and_writes_one_run_directory(tmp_path):
+    cli = main(quick_args(tmp_path))
+    run_dir = tmp_path / "runs" / "quick"
+    assert Path(cli.trainer.default_root_dir) == Path("runs/quick")
+    assert (run_dir / "config.yaml").is_file()
+    ckpts = sorted(p.relative_to(run_dir / "checkpoints") for p in (run_dir / "checkpoints").rglob("*.ckpt"))
+    assert ckpts and all(len(p.parts) == 1 for p in ckpts), ckpts  # no sub-folders from `val/...`
+    assert cli.model.vocab_size == cli.datamodule.vocab_size == 256  # linked from the data module
+    assert "val/bpc" in cli.trainer.callback_metrics
+    # The same run name again (a requeue) reuses the directory: the saved config may be overwritten.
+    main(quick_args(tmp_path, "--trainer.max_steps", "1"))
+
+
+def test_config_typo_is_reported(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(quick_args(tmp_path, "--model.init_args.d_modle", "8"))
+    assert exit_info.value.code != 0
+    assert "d_modle" in capsys.readouterr().err
+
+
+def test_wandb_goes_offline_without_credentials(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    ensure_wandb_mode()
+    assert os.environ["WANDB_MODE"] == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    ensure_wandb_mode()
+    assert os.environ["WANDB_MODE"] == "disabled"  # an explicit mode is never overridden
+    monkeypatch.delenv("WANDB_MODE")
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password secret\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    ensure_wandb_mode()
+    assert "WANDB_MODE" not in os.environ
+
+
+def test_run_names_are_stable_per_slurm_task(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    assert run_name_from_env() == "slurm-99"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "90")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "4")
+    assert run_name_from_env() == "slurm-90_4"
+    monkeypatch.setenv("LONGCTX_RUN_NAME", "mine")
+    assert run_name_from_env() == "mine"
+
+
+def test_wandb_logger_gets_run_dir_id_and_group(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "123")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "7")
+    cli = LongCtxCLI(
+        args=quick_args(tmp_path, "--run_name", "sweep/task 7", "--trainer.max_steps", "0")[1:],
+        run=False,
+        parser_kwargs={"parser_mode": "yaml"},
+    )
+    logger = cli.trainer.logger
+    assert logger.save_dir == str(Path("runs") / "sweep/task 7")
+    assert logger._wandb_init["id"] == "sweep-task-7" and logger._wandb_init["group"] == "123"
+    assert logger._wandb_init["resume"] == "allow"
+
+
+def test_checkpoint_names_with_metric_slashes_are_refused(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {
+                    "callbacks": [
+                        {
+                            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                            "init_args": {
+                                "filename": "{val/bpc:.3f}",
+                                "monitor": "val/bpc",
+                                "auto_insert_metric_name": True,
+                            },
+                        }
+                    ]
+                }
+            }
+        )
+    )
+    with pytest.raises(ValueError, match="auto_insert_metric_name"):
+        main(quick_args(tmp_path, "--config", str(bad)))

@@ -1,0 +1,84 @@
+"""SLURM requeue without a cluster: SIGUSR1 -> hpc checkpoint + `scontrol requeue` -> exact resume.
+
+The job is the real CLI (`python -m longctx fit`) in a subprocess with SLURM's environment variables
+and a fake `scontrol` on PATH. A callback sends the process SIGUSR1 after a given step (as SLURM does
+90 s before the time limit) and then stops, as the job would be killed. The second run is the
+requeued job: same environment, no `--ckpt_path`; it must continue at the next step and the next
+segment of every stream, which the model records batch by batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class SignalAfterStep(pl.Callback):
+    """Sends this process SIGUSR1 after optimizer step `step`, then stops (the job is killed)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            trainer.should_stop = True
+
+
+def _run(tmp_path: Path, env: dict[str, str], *extra: str) -> None:
+    args = [
+        sys.executable, "-m", "longctx", "fit",
+        "--model", "tests.lm_fixtures.CarryLM",
+        "--model.init_args.record_dir", str(tmp_path / "record"),
+        "--data.corpus", "sample", "--data.batch_size", "4", "--data.tgt_len", "64",
+        "--data.cache_dir", str(tmp_path / "cache"),
+        "--trainer.default_root_dir", str(tmp_path / "runs"),
+        "--trainer.max_steps", "24", "--trainer.limit_val_batches", "0",
+        "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+        *extra,
+    ]  # fmt: skip
+    result = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_sigusr1_checkpoints_requeues_and_resumes_exactly(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "record").mkdir()
+    requeued = tmp_path / "requeued"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/usr/bin/env bash\necho "$@" >> {requeued}\n')
+    scontrol.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "WANDB_MODE": "disabled",
+        "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "longctx",
+        "SLURM_JOB_ID": "4242", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "127.0.0.1",
+    }  # fmt: skip
+    _run(tmp_path, env, "--trainer.callbacks+=tests.test_requeue.SignalAfterStep", "--trainer.callbacks.step=10")
+    run_dir = tmp_path / "runs" / "slurm-4240_2"
+    assert requeued.read_text().split() == ["requeue", "4240_2"]
+    assert (run_dir / "hpc_ckpt_1.ckpt").exists()
+    _run(tmp_path, env)  # the requeued job: same task id, no --ckpt_path
+
+    # Reference: the same 24 steps without interruption, in another run directory.
+    (tmp_path / "record").rename(tmp_path / "interrupted")
+    (tmp_path / "record").mkdir()
+    _run(tmp_path, {**env, "SLURM_ARRAY_TASK_ID": "3"})
+    read = lambda d: [json.loads(line) for line in (tmp_path / d / "rank0.jsonl").read_text().splitlines()]  # noqa: E731
+    assert read("interrupted") == read("record")
+    assert [r["step"] for r in read("interrupted")] == list(range(24))
