@@ -94,7 +94,7 @@ def test_segment_longer_than_the_split_is_a_clear_error(tmp_path):
     data = LMDataModule("sample", cache_dir=str(tmp_path), eval_batch_size=1, eval_tgt_len=10**8)
     data.prepare_data()
     data.setup()
-    with pytest.raises(ValueError, match="sample valid split: .*use a shorter segment length"):
+    with pytest.raises(ValueError, match=r"sample valid split: .*use a shorter segment length"):
         data.val_dataloader()
 
 

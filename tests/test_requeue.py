@@ -69,7 +69,12 @@ def test_sigusr1_checkpoints_requeues_and_resumes_exactly(tmp_path):
         "SLURM_JOB_ID": "4242", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2",
         "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "127.0.0.1",
     }  # fmt: skip
-    _run(tmp_path, env, "--trainer.callbacks+=tests.test_requeue.SignalAfterStep", "--trainer.callbacks.step=10")
+    _run(
+        tmp_path,
+        env,
+        "--trainer.callbacks+=tests.test_requeue.SignalAfterStep",
+        "--trainer.callbacks.step=10",
+    )
     run_dir = tmp_path / "runs" / "slurm-4240_2"
     assert requeued.read_text().split() == ["requeue", "4240_2"]
     assert (run_dir / "hpc_ckpt_1.ckpt").exists()

@@ -1,0 +1,153 @@
+"""Peak memory and throughput of backprop through K windows, with and without per-window checkpointing.
+
+Yoshida et al. 2020 §3.2: with gradient checkpointing per window only the window inputs, z_i and h_prev,i
+are kept, so training on K windows needs about the memory of one window (M + 2k⌈N/T⌉) at the cost of
+one extra forward per window. This script measures one training step (forward + backward of the
+recurrent GPT-2 on a random batch (B, K, T)) for K = 1, 5, 20, with and without checkpointing, each in
+a fresh process, and prints peak memory and tokens/s as ratios to K = 1 without checkpointing measured
+in the same run. The windowed baseline (no recurrence) is measured the same way for reference.
+
+Peak memory: on CPU the growth of the process's peak resident set (ru_maxrss) over its size right
+before the first step, with glibc's mmap threshold fixed at 128 KiB so that freed activations leave the
+process; on CUDA `torch.cuda.max_memory_allocated` over the memory allocated before.
+
+    python benchmarks/recurrence.py                       # CPU defaults (small GPT-2, real vocabulary)
+    python benchmarks/recurrence.py --device cuda --n_layer 12 --n_embd 768 --n_head 12 --window 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def measure(cfg: dict) -> dict:
+    """One configuration in this process: build, warm up, time `steps` training steps, peak memory."""
+    sys.path.insert(0, str(REPO))
+    from longctx.models.recurrent_gpt2 import RecurrentGPT2LM
+
+    torch.manual_seed(0)
+    torch.set_num_threads(cfg["threads"]) if cfg["threads"] else None
+    device = torch.device(cfg["device"])
+    gpt2 = {"n_layer": cfg["n_layer"], "n_embd": cfg["n_embd"], "n_head": cfg["n_head"], "n_positions": 1024}
+    model = RecurrentGPT2LM(
+        vocab_size=cfg["vocab"],
+        gpt2_config=gpt2,
+        recurrence=cfg["recurrence"],
+        checkpoint_windows=cfg["checkpoint"],
+    ).to(device)
+    model.train()
+    shape = (cfg["batch"], cfg["windows"], cfg["window"])
+    x = torch.randint(0, cfg["vocab"], (*shape[:2], shape[2] + 1), device=device)
+    batch = {
+        "input": x[..., :-1],
+        "target": x[..., 1:],
+        "mask": torch.ones(shape, dtype=torch.bool, device=device),
+        "reset": torch.zeros(shape[:2], dtype=torch.bool, device=device),
+    }
+
+    def step() -> None:
+        out = model.step(batch, None)
+        (out.nll * batch["mask"]).sum().div(batch["mask"].sum()).backward()
+        for p in model.parameters():
+            p.grad = None
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        before = rss_bytes()
+    step()  # warm-up (also the first peak)
+    times = []
+    for _ in range(cfg["steps"]):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    tokens = shape[0] * shape[1] * shape[2]
+    return {**cfg, "peak_mib": peak / 2**20, "tokens_per_s": tokens / min(times), "step_s": min(times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--n_layer", type=int, default=4)
+    parser.add_argument("--n_embd", type=int, default=256)
+    parser.add_argument("--n_head", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--window", type=int, default=128, help="T")
+    parser.add_argument("--batch", type=int, default=1, help="B rows")
+    parser.add_argument("--windows", type=int, nargs="+", default=[1, 5, 20], help="K values")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps (the fastest is reported)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--no_baseline", action="store_true", help="skip the windowed baseline rows")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(json.loads(args.one))))
+        return
+    base = {
+        k: getattr(args, k) for k in ("device", "n_layer", "n_embd", "n_head", "vocab", "window", "batch")
+    }
+    base.update(steps=args.steps, threads=args.threads)
+    runs = [(True, k, c) for k in args.windows for c in (False, True)]
+    if not args.no_baseline:
+        runs += [(False, k, False) for k in args.windows]
+    # A fixed mmap threshold turns off glibc's adaptive one, so freed large buffers go back to the OS and
+    # the peak resident set tracks live tensors instead of heap fragmentation.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}
+    rows = []
+    for recurrence, windows, ckpt in runs:
+        cfg = {**base, "recurrence": recurrence, "windows": windows, "checkpoint": ckpt}
+        cmd = [sys.executable, __file__, "--one", json.dumps(cfg)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            sys.exit(f"measurement {cfg} failed:\n{proc.stderr[-3000:]}")
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"measured recurrence={recurrence} K={windows} checkpoint={ckpt}", file=sys.stderr)
+    ref = next(r for r in rows if r["recurrence"] and r["windows"] == args.windows[0] and not r["checkpoint"])
+    print(
+        f"device {args.device}; GPT-2 n_layer={args.n_layer} d={args.n_embd} heads={args.n_head} "
+        f"vocab={args.vocab}; B={args.batch}, T={args.window}; one training step (forward + backward)"
+    )
+    print(f"ratios vs recurrence, K={args.windows[0]}, no checkpointing")
+    header = (
+        f"{'model':>10} {'K':>3} {'ckpt':>5} {'peak MiB':>9} {'mem/ref':>8} {'tok/s':>9} {'tok/s/ref':>9}"
+    )
+    print(header)
+    for r in rows:
+        name, ckpt = ("recurrent" if r["recurrence"] else "baseline"), ("yes" if r["checkpoint"] else "no")
+        print(
+            f"{name:>10} {r['windows']:>3} {ckpt:>5} "
+            f"{r['peak_mib']:>9.1f} {r['peak_mib'] / ref['peak_mib']:>8.2f} {r['tokens_per_s']:>9.0f} "
+            f"{r['tokens_per_s'] / ref['tokens_per_s']:>9.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Evaluation throughput of Transformer-XL at m, at the full pool M, and TRAMS (M → m), on one model.
+
+    python benchmarks/trams.py                   # paper shapes: 16 layers, d=410, M=400, m=200=150+50, n=64
+    python benchmarks/trams.py --ckpt <xl.ckpt>  # a trained TransformerXLLM checkpoint
+    python benchmarks/trams.py --grid configs/transformer_xl_tiny.yaml --ckpt <xl.ckpt> \
+        --pool 64 --attended 32 --kept 24         # perplexity grid on the config's validation split
+
+Every setting runs the same weights on the same token stream, with TRAMS's protocol (a zero-filled
+memory, so every segment attends to a full pool from the start), in inference mode:
+
+- `xl_m`: Transformer-XL with memory m (the paper's baseline, cost of m keys);
+- `xl_M`: Transformer-XL over the whole pool M;
+- `trams_released`: TRAMS computed as the released code does (lwaekfjlk/TRAMS: d_model-sized
+  K′ = W_Qᵀk materialised for every key and head, the content score as x·K′, the memory's keys and
+  values projected again every segment);
+- `trams`: ours (‖K′‖² = kᵀGk with G = W_Q W_Qᵀ, ΣK′ = (W_Q 1)·k, scores on the selected window only);
+- `*_cached`: the same with the evaluation key/value cache (the memory's keys and values carried
+  instead of projected again every segment), `TransformerXLLM`'s default at evaluation.
+
+Prints tokens/s and the ratio to `xl_m` measured in the same run, plus the mean attention mass on
+the attended memory (XL at m vs TRAMS), and checks that both TRAMS implementations agree.
+
+With `--grid CONFIG`, evaluates the checkpoint instead on the config's validation split (through
+Lightning, `TransformerXLLM` built from the config with evaluation knobs overridden): Transformer+RPE
+(no memory), XL at m, XL at M, TRAMS (M → m) with the code's and the paper's metric and the oracle,
+under both protocols, printing loss, perplexity, scored tokens and the memory attention mass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import types
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from longctx.nn.relative_attention import AttentionOutput, RelMultiHeadAttention, rel_shift
+from longctx.nn.trams import TramsSettings
+from longctx.nn.transformer_xl import TransformerXL
+
+
+def released_forward(
+    self: RelMultiHeadAttention,
+    x: Tensor,
+    mem: Tensor,
+    mem_valid: Tensor,
+    pos_emb: Tensor,
+    r_w_bias: Tensor,
+    r_r_bias: Tensor,
+    same_length: int | None = None,
+    trams: TramsSettings | None = None,
+    need_mass: bool = False,
+    need_weights: bool = False,
+    mem_kv: tuple[Tensor, Tensor] | None = None,
+) -> AttentionOutput:
+    """The released TRAMS attention (post-LN, all memory slots real), restated batch-first."""
+    B, n, d = x.shape
+    H, Dh = self.n_heads, self.d_head
+    cat = torch.cat([mem, x], 1)
+    klen = cat.shape[1]
+    q, k, v = self.qkv_net(cat).split(H * Dh, dim=-1)
+    q = q[:, -n:].view(B, n, H, Dh)
+    k, v = k.view(B, klen, H, Dh), v.view(B, klen, H, Dh)
+    w_q = self.qkv_net.weight[: H * Dh].view(H, Dh, d)
+    qkk = torch.einsum("bjnd,ndk->bjnk", k, w_q)  # (B, klen, H, d): K′ for every key
+    stdlen = n + trams.kept
+    mem_qkk = qkk[:, :-stdlen]
+    score = mem_qkk.norm(dim=-1) * mem_qkk.sum(-1).abs()
+    idx = score.topk(trams.selected, dim=1).indices.sort(dim=1).values  # (B, k, H)
+
+    def pick(t: Tensor) -> Tensor:
+        sel = t[:, :-stdlen].gather(1, idx[..., None].expand(-1, -1, -1, t.shape[-1]))
+        return torch.cat([sel, t[:, -stdlen:]], 1)
+
+    qkk_w, k_w, v_w = pick(qkk), pick(k), pick(v)
+    W = trams.attended + n
+    r = self.r_net(pos_emb[-W:]).view(W, H, Dh)
+    ac = torch.einsum("bik,bjnk->bnij", x, qkk_w) + torch.einsum("nd,bjnd->bnj", r_w_bias, k_w)[:, :, None]
+    bd = rel_shift(torch.einsum("bind,jnd->bnij", q + r_r_bias, r))
+    mask = torch.triu(torch.ones(n, W, dtype=torch.bool, device=x.device), 1 + W - n)
+    probs = torch.softmax(((ac + bd) * self.scale).masked_fill(mask, float("-inf")), dim=-1)
+    vec = torch.einsum("bnij,bjnd->bind", probs, v_w).reshape(B, n, H * Dh)
+    mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
+    return AttentionOutput(out=self.layer_norm(x + self.o_net(vec)), mem_mass=mass)
+
+
+def run(
+    model: TransformerXL,
+    tokens: Tensor,
+    n: int,
+    mem_len: int,
+    trams: TramsSettings | None,
+    warmup: int,
+    need_mass: bool = False,
+    cache_kv: bool = False,
+) -> tuple[float, float | None, Tensor]:
+    """Tokens/s over the stream after `warmup` segments; mean memory mass; last hidden states."""
+    B = tokens.shape[0]
+    memory = model.zero_memory(B, mem_len)
+    masses, start, counted = [], None, 0
+    for s in range(tokens.shape[1] // n):
+        if s == warmup:
+            start = time.perf_counter()
+        seg = tokens[:, s * n : (s + 1) * n]
+        out = model(seg, memory, mem_len=mem_len, trams=trams, need_mass=need_mass, cache_kv=cache_kv)
+        nll = model.nll(out.hidden, tokens[:, s * n : (s + 1) * n])
+        nll.sum().item()  # synchronise
+        memory = out.memory
+        if s >= warmup:
+            counted += B * n
+            if need_mass:
+                masses.append(torch.stack([a.mem_mass for a in out.attn]).mean().item())
+    elapsed = time.perf_counter() - start
+    return counted / elapsed, (sum(masses) / len(masses) if masses else None), out.hidden
+
+
+GRID = {  # name: evaluation knobs of TransformerXLLM (m, M, kept filled in from the arguments)
+    "rpe": {"eval_mem_len": 0},
+    "xl_m": {"eval_mem_len": "m"},
+    "xl_M": {"eval_mem_len": "M"},
+    "trams": {"trams_pool": "M", "trams_attended": "m", "trams_kept": "kept"},
+    "trams_paper": {"trams_pool": "M", "trams_attended": "m", "trams_kept": "kept", "trams_metric": "paper"},
+    "trams_true_pos": {
+        "trams_pool": "M",
+        "trams_attended": "m",
+        "trams_kept": "kept",
+        "trams_positions": "true",
+    },
+    "oracle": {"trams_pool": "M", "trams_attended": "m", "trams_kept": "kept", "trams_metric": "oracle"},
+}
+
+
+def grid(args: argparse.Namespace) -> None:
+    """Validation loss of one checkpoint under every setting of GRID and both protocols."""
+    import lightning.pytorch as pl
+    import yaml
+
+    from longctx.data.datamodule import LMDataModule
+    from longctx.models.transformer_xl import TransformerXLLM
+
+    config = yaml.safe_load(Path(args.grid).read_text())
+    model_args = {
+        k: v for k, v in config["model"]["init_args"].items() if k not in ("optimizer", "lr_scheduler")
+    }
+    data = LMDataModule(**config["data"])
+    state = torch.load(args.ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    values = {"m": args.attended, "M": args.pool, "kept": args.kept}
+    rows = []
+    for protocol in ("xl", "trams"):
+        for name, knobs in GRID.items():
+            knobs = {k: values.get(v, v) if isinstance(v, str) else v for k, v in knobs.items()}
+            settings = {
+                **model_args,
+                "eval_same_length": False,
+                "eval_clamp_len": 0,
+                **knobs,
+                "protocol": protocol,
+            }
+            model = TransformerXLLM(vocab_size=data.vocab_size, **settings)
+            model.load_state_dict(state)
+            trainer = pl.Trainer(
+                accelerator="cpu",
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                limit_val_batches=args.limit_batches or 1.0,
+            )
+            start = time.perf_counter()
+            metrics = trainer.validate(model, datamodule=data, verbose=False)[0]
+            elapsed = time.perf_counter() - start
+            rows.append((protocol, name, metrics, elapsed))
+            print(
+                f"{protocol:>6s} {name:>15s} loss {float(metrics['val/loss']):.4f} "
+                f"ppl {math.exp(float(metrics['val/loss'])):9.2f} tokens {int(metrics['val/tokens']):7d} "
+                f"mem_mass {float(metrics['trams/mem_mass']):.4f} ({elapsed:.0f} s)",
+                flush=True,
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ckpt", default=None, help="TransformerXLLM checkpoint (else random init)")
+    parser.add_argument("--n_layers", type=int, default=16)
+    parser.add_argument("--d_model", type=int, default=410)
+    parser.add_argument("--n_heads", type=int, default=10)
+    parser.add_argument("--d_inner", type=int, default=2100)
+    parser.add_argument("--vocab", type=int, default=1000, help="random init only (full softmax)")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--tgt_len", type=int, default=64, help="n")
+    parser.add_argument("--pool", type=int, default=400, help="M")
+    parser.add_argument("--attended", type=int, default=200, help="m")
+    parser.add_argument("--kept", type=int, default=150, help="m − k")
+    parser.add_argument("--segments", type=int, default=11)
+    parser.add_argument("--warmup", type=int, default=7, help="untimed segments (fill the pool)")
+    parser.add_argument("--repeats", type=int, default=2, help="best of")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--grid", default=None, help="config: evaluate --ckpt on its validation split")
+    parser.add_argument("--limit_batches", type=int, default=0, help="--grid: validation batches (0 = all)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.grid:
+        if not args.ckpt:
+            raise SystemExit("--grid needs --ckpt")
+        grid(args)
+        return
+    torch.manual_seed(0)
+    if args.ckpt:
+        from longctx.models.transformer_xl import TransformerXLLM
+
+        model = TransformerXLLM.load_from_checkpoint(args.ckpt, map_location="cpu").net
+    else:
+        model = TransformerXL(
+            args.vocab, args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0
+        )
+    model.eval()
+    vocab = model.word_emb.n_token
+    n_tokens = args.tgt_len * args.segments
+    tokens = torch.randint(0, vocab, (args.batch, n_tokens))
+    trams = TramsSettings(args.attended, args.kept)
+    settings = {  # name: (memory length, TRAMS, key/value cache)
+        "xl_m": (args.attended, None, False),
+        "xl_M": (args.pool, None, False),
+        "trams_released": (args.pool, trams, False),
+        "trams": (args.pool, trams, False),
+        "xl_m_cached": (args.attended, None, True),
+        "xl_M_cached": (args.pool, None, True),
+        "trams_cached": (args.pool, trams, True),
+    }
+    ours = [layer.attn.forward for layer in model.layers]
+    results: dict[str, tuple[float, float | None]] = {}
+    hidden: dict[str, Tensor] = {}
+    with torch.inference_mode():
+        for _ in range(args.repeats):
+            for name, (mem_len, setting, cache_kv) in settings.items():
+                for layer, fwd in zip(model.layers, ours):
+                    layer.attn.forward = (
+                        types.MethodType(released_forward, layer.attn) if name == "trams_released" else fwd
+                    )
+                mass_wanted = name in ("xl_m", "trams")
+                tps, mass, hid = run(
+                    model, tokens, args.tgt_len, mem_len, setting, args.warmup, mass_wanted, cache_kv
+                )
+                best = results.get(name, (0.0, None))[0]
+                results[name] = (max(best, tps), mass)
+                hidden[name] = hid
+        for layer, fwd in zip(model.layers, ours):
+            layer.attn.forward = fwd
+    diff = max(
+        (hidden[name] - hidden["trams_released"]).abs().max().item() for name in ("trams", "trams_cached")
+    )
+    base = results["xl_m"][0]
+    print(
+        f"layers {model.n_layers}, d_model {model.d_model}, heads {model.n_heads}, batch {args.batch}, "
+        f"n {args.tgt_len}, M {args.pool}, m {args.attended} = {args.kept} kept + "
+        f"{args.attended - args.kept} selected, {args.segments - args.warmup} timed segments, "
+        f"best of {args.repeats}, {torch.get_num_threads()} threads"
+    )
+    print(f"{'setting':>16s} {'tokens/s':>10s} {'vs xl_m':>8s}")
+    for name, (tps, _) in results.items():
+        print(f"{name:>16s} {tps:10.1f} {tps / base:8.3f}")
+    mass_xl, mass_trams = results["xl_m"][1], results["trams"][1]
+    print(
+        f"attention mass on the attended memory: xl_m {mass_xl:.4f}, trams {mass_trams:.4f} "
+        f"({100 * (mass_trams / mass_xl - 1):+.2f}%)"
+    )
+    print(f"max |trams(_cached) - trams_released| on the last hidden states: {diff:.2e}")
+    if not math.isfinite(diff) or diff > 1e-3:
+        raise SystemExit("our TRAMS and the released computation disagree")
+
+
+if __name__ == "__main__":
+    main()

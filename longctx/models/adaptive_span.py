@@ -1,0 +1,177 @@
+"""`AdaptiveSpanLM`: Adaptive Attention Span (Sukhbaatar et al. 2019) on the `LMBase` spine.
+
+One module for the three variants of the paper: `span: adaptive` (§2.2, a learned span per head),
+`span: dynamic` (§2.2, z_t = S·σ(vᵀx_t + b)) and `span: fixed` (the same network without the mask,
+the paper's fixed-span comparison). The memory carried across batches is, per layer, the cache of
+hidden states that entered the layer in earlier blocks (the code's `h_cache`).
+
+Training loss = mean NLL + λ·Σ_layers (1/M)·Σ_heads z_i (code: `adapt_span_loss · S · mean(z')` per
+layer, summed over layers; M = heads per layer). z' is clamped to [0, 1] after every optimizer step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.loggers import WandbLogger
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from longctx.models.base import LMBase, StepOutput
+from longctx.nn.span_attention import SpanKind
+from longctx.nn.span_transformer import SpanTransformer, SpanTransformerOutput
+from longctx.optim.adagrad import ClippedAdagrad
+
+SPAN_FIGURE = "span_by_layer.png"
+
+
+class AdaptiveSpanLM(LMBase):
+    """Character-level sequential transformer with adaptive, dynamic or fixed attention spans.
+
+    Args:
+        d_model, n_layers, n_heads, d_inner: sizes (paper small: 512, 12, 8, 2048; large: 768, 24, 8, 4096).
+        attn_span: S, the maximum span (paper: 8192).
+        dropout: attention and feed-forward dropout (paper: 0.3 small, 0.4 large).
+        emb_dropout: embedding dropout (code default 0).
+        span: "adaptive", "dynamic" or "fixed".
+        span_loss: λ of the l1 span penalty (paper: 2e-6; 0.5e-6 at S = 8192).
+        span_ramp: R, the ramp length (paper: 32).
+        span_init: initial z' (code: 0).
+        dynamic_bias_init: b at init for dynamic spans (paper: -4).
+        chunk_size: query chunk of the exact band attention (the cost is M·(L + chunk)).
+        vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
+            `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
+            (`WarmupStepDecay`). A config that switches the optimizer class should give all its
+            init_args: jsonargparse carries init_args whose names match over from the default class.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 0,
+        d_model: int = 512,
+        n_layers: int = 12,
+        n_heads: int = 8,
+        d_inner: int = 2048,
+        attn_span: int = 8192,
+        dropout: float = 0.3,
+        emb_dropout: float = 0.0,
+        span: SpanKind = "adaptive",
+        span_loss: float = 0.5e-6,
+        span_ramp: int = 32,
+        span_init: float = 0.0,
+        dynamic_bias_init: float = -4.0,
+        chunk_size: int = 64,
+        optimizer: OptimizerCallable = ClippedAdagrad,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
+        self.save_hyperparameters()
+        if attn_span <= 0 or span_ramp < 0 or chunk_size <= 0:
+            raise ValueError(
+                f"attn_span ({attn_span}) and chunk_size ({chunk_size}) must be positive and span_ramp "
+                f"({span_ramp}) >= 0"
+            )
+        if span_loss < 0:
+            raise ValueError(f"span_loss (λ) must be >= 0, got {span_loss}")
+        self.net = SpanTransformer(
+            vocab_size=vocab_size,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_inner=d_inner,
+            attn_span=attn_span,
+            dropout=dropout,
+            emb_dropout=emb_dropout,
+            span=span,
+            span_ramp=span_ramp,
+            span_init=span_init,
+            dynamic_bias_init=dynamic_bias_init,
+            chunk_size=chunk_size,
+        )
+        self.span_loss = span_loss
+        self._last_spans: list[Tensor] = []
+
+    # ------------------------------------------------------------------ memory
+    def init_memory(self, batch_size: int) -> list[Tensor]:
+        return self.net.init_cache(batch_size, device=self.device)
+
+    def reset_memory_rows(self, memory: list[Tensor], reset: Tensor) -> list[Tensor]:
+        return [h.masked_fill(reset.to(h.device)[:, None, None], 0.0) for h in memory]
+
+    # ------------------------------------------------------------------ step
+    def step(self, batch: dict[str, Tensor], memory: list[Tensor]) -> StepOutput:
+        x = batch["input"]
+        if x.dim() != 2:
+            raise ValueError(
+                f"AdaptiveSpanLM reads segment batches (B, L); got input of shape {tuple(x.shape)}: "
+                "set data.mode: segments"
+            )
+        out = self.net(x, memory)
+        nll = F.cross_entropy(out.logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, M)
+        extra_loss = None
+        logs: dict[str, Tensor | float] = {}
+        if self.training:
+            if out.penalty is not None:
+                extra_loss = self.span_loss * out.penalty
+            logs = self._span_logs(out)
+        return StepOutput(nll=nll, memory=out.cache, extra_loss=extra_loss, logs=logs)
+
+    def _span_logs(self, out: SpanTransformerOutput) -> dict[str, Tensor | float]:
+        """span/avg, span/penalty (λ·Σ_layers (1/M)·Σ_heads z), span/attended (mean previous positions
+        attended per layer) and span/layer{i}/head{j}. All are logged every step: the logger writes
+        them every `log_every_n_steps`, with the values of that step."""
+        logs: dict[str, Tensor | float] = {"span/attended": sum(out.attended) / len(out.attended)}
+        if not out.spans:
+            return logs
+        self._last_spans = [z.detach() for z in out.spans]  # kept on the device: no sync per step
+        spans = torch.stack(out.spans)  # (n_layers, H)
+        logs["span/avg"] = spans.mean()
+        logs["span/penalty"] = (self.span_loss * out.penalty).detach()
+        for i, layer_spans in enumerate(spans):
+            for j, z in enumerate(layer_spans):
+                logs[f"span/layer{i}/head{j}"] = z
+        return logs
+
+    # ------------------------------------------------------------------ span parameters
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self.net.clamp_spans_()  # the code's clamp_param() after every update
+
+    def head_spans(self) -> list[Tensor]:
+        """Per layer the spans of its heads (H,): z for adaptive spans, the last training block's mean
+        z_t for dynamic spans, S for fixed spans."""
+        if self.hparams.span == "adaptive":
+            return [layer.attn.adaptive_mask.z.detach().float().cpu() for layer in self.net.layers]
+        if self.hparams.span == "dynamic" and self._last_spans:
+            return [z.float().cpu() for z in self._last_spans]
+        n_heads = self.hparams.n_heads
+        return [torch.full((n_heads,), float(self.hparams.attn_span)) for _ in self.net.layers]
+
+    def span_figure(self) -> Figure:
+        """The paper's Figure 4: the span of every head, by layer (log scale)."""
+        spans = self.head_spans()
+        fig = Figure(figsize=(6, 3.5))
+        ax = fig.add_subplot()
+        for i, z in enumerate(spans):
+            ax.scatter([i + 1] * len(z), z.clamp_min(1.0).numpy(), s=14, color="tab:blue")
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("attention span z")
+        ax.set_xticks(range(1, len(spans) + 1))
+        ax.set_title(f"{self.hparams.span} span per head (S = {self.hparams.attn_span})")
+        fig.tight_layout()
+        return fig
+
+    def on_fit_end(self) -> None:
+        super().on_fit_end()
+        if self.hparams.span == "fixed" or not self.trainer.is_global_zero:
+            return
+        path = Path(self.trainer.default_root_dir) / SPAN_FIGURE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.span_figure().savefig(path, dpi=120)
+        for logger in self.trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image(key="span/by_layer", images=[str(path)])

@@ -1,0 +1,239 @@
+"""`RecurrentGPT2LM`: recurrence for a pretrained GPT-2 (Yoshida, Ettinger, Gimpel 2020) on `LMBase`.
+
+One module for both rows of the paper's comparison:
+- `recurrence: true`: window i's hidden states are pooled (eq. 1) and mapped by a small FFN to h_prev,
+  which window i+1 reads at layer ℓ_ins as one extra key/value (`longctx.nn.recurrence`); training
+  backpropagates through the K windows of a batch, with gradient checkpointing per window (§3.2);
+- `recurrence: false`: the windowed baseline, the same pretrained model on the same windows.
+
+Batches are window mode (docs/architecture.md): input/target/mask (B, K, T), reset (B, K). The memory
+carried from one batch to the next is h_prev (B, d) of each row's last window (None at the start);
+a row whose `reset` is set at window k starts a new document there and drops its h_prev.
+
+The language model is a Hugging Face causal LM: `pretrained` (a hub id such as "gpt2" or a local
+directory written by `save_pretrained`), or `gpt2_config`, a dict of `GPT2Config` fields for a small
+randomly initialised GPT-2 (no weights can be downloaded on the test machines).
+
+Make your own small "pretrained" GPT-2 and add recurrence to it (the full recipe offline):
+
+    python -m longctx fit --config configs/gpt2_window_tiny.yaml            # baseline from scratch
+    python -m longctx.models.recurrent_gpt2 export runs/<run>/checkpoints/last.ckpt runs/gpt2_tiny_hf \
+        --tokenizer ../shared/data/gpt2
+    python -m longctx fit --config configs/recurrent_gpt2_tiny.yaml \
+        --model.init_args.pretrained runs/gpt2_tiny_hf --model.init_args.gpt2_config null
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
+
+from longctx.models.base import LMBase, StepOutput
+from longctx.nn.flops import hf_model_flops_per_scored_token
+from longctx.nn.recurrence import RECURRENCE_IMPLEMENTATIONS, WindowRecurrence, window_nll
+
+HF_CONFIG_KEY = "hf_config"
+
+
+def build_lm(
+    pretrained: str | None,
+    gpt2_config: dict[str, Any] | None,
+    vocab_size: int,
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa",
+) -> PreTrainedModel:
+    """The causal LM, running the recurrence attention implementation (which is the stock attention
+    whenever no slot is passed, so the baseline runs it too)."""
+    if (pretrained is None) == (gpt2_config is None):
+        raise ValueError("give exactly one of `pretrained` (hub id or directory) and `gpt2_config` (a dict)")
+    impl = RECURRENCE_IMPLEMENTATIONS[attn_implementation]
+    if pretrained is not None:
+        lm = AutoModelForCausalLM.from_pretrained(pretrained, attn_implementation=impl)
+        if lm.config.vocab_size < vocab_size:
+            raise ValueError(
+                f"the pretrained model {pretrained!r} has {lm.config.vocab_size} tokens, fewer than the "
+                f"data's vocabulary ({vocab_size}); use the model's tokenizer for the data"
+            )
+    else:
+        fields = {"bos_token_id": None, "eos_token_id": None, **gpt2_config, "vocab_size": vocab_size}
+        lm = GPT2LMHeadModel(GPT2Config(**fields))
+        lm.set_attn_implementation(impl)
+    if attn_implementation == "eager" and getattr(lm.config, "reorder_and_upcast_attn", False):
+        # GPT-2 runs its own upcast attention only when the implementation is literally "eager".
+        raise ValueError("reorder_and_upcast_attn is not supported with the recurrence; use sdpa")
+    return lm
+
+
+class RecurrentGPT2LM(LMBase):
+    """A pretrained GPT-2 on windows of T tokens, with (or, as the baseline, without) recurrence.
+
+    Args:
+        pretrained: hub id ("gpt2" = GPT-2 small, the paper's model) or a local HF directory.
+        gpt2_config: instead of `pretrained`, `GPT2Config` fields (n_layer, n_embd, n_head,
+            n_positions, dropouts...) of a randomly initialised GPT-2.
+        recurrence: add the recurrence (False: the windowed baseline).
+        insert_layer: ℓ_ins, the 0-based block that reads h_prev (paper: 2).
+        ffn_width, ffn_hidden_layers, ffn_activation: the FFN z -> h_prev (paper: 3 hidden layers of 200).
+        pool_embeddings: pool the embedding output too (L + 1 layer weights instead of L).
+        slot_norm: h_prev enters block ℓ_ins through its `ln_1` like any hidden state.
+        checkpoint_windows: gradient checkpointing per window in training (paper §3.2).
+        attn_implementation: the stock attention the recurrence wraps ("sdpa" or "eager").
+        vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam, 100 warm-up steps).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 0,
+        pretrained: str | None = None,
+        gpt2_config: dict[str, Any] | None = None,
+        recurrence: bool = True,
+        insert_layer: int = 2,
+        ffn_width: int = 200,
+        ffn_hidden_layers: int = 3,
+        ffn_activation: Literal["relu", "gelu", "tanh"] = "relu",
+        pool_embeddings: bool = False,
+        slot_norm: bool = True,
+        checkpoint_windows: bool = True,
+        attn_implementation: Literal["sdpa", "eager"] = "sdpa",
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
+        self.save_hyperparameters()
+        self.lm = build_lm(pretrained, gpt2_config, vocab_size, attn_implementation)
+        self.recurrence = (
+            WindowRecurrence(
+                d_model=self.lm.config.hidden_size,
+                n_layer=self.lm.config.num_hidden_layers,
+                insert_layer=insert_layer,
+                ffn_width=ffn_width,
+                ffn_hidden_layers=ffn_hidden_layers,
+                ffn_activation=ffn_activation,
+                pool_embeddings=pool_embeddings,
+                slot_norm=slot_norm,
+            )
+            if recurrence
+            else None
+        )
+        self.checkpoint_windows = checkpoint_windows
+
+    # ------------------------------------------------------------------ step
+    def step(self, batch: dict[str, Tensor], memory: Tensor | None) -> StepOutput:
+        x = batch["input"]
+        if x.dim() != 3:
+            raise ValueError(
+                f"RecurrentGPT2LM reads window batches (B, K, T); got input of shape {tuple(x.shape)}: "
+                "set data.mode: windows"
+            )
+        use_checkpoint = self.checkpoint_windows and self.training and torch.is_grad_enabled()
+        if self.recurrence is not None:
+            nll, memory = self.recurrence(
+                self.lm, x, batch["target"], batch["mask"], batch["reset"], memory, use_checkpoint
+            )
+        else:
+            nll, memory = self._baseline_nll(x, batch["target"], use_checkpoint), None
+        logs: dict[str, Tensor | float] = {}
+        if not self.training:
+            logs["flops_per_token"] = hf_model_flops_per_scored_token(
+                self.lm, x.shape[-1], self._eval_overlap()
+            )
+        return StepOutput(nll=nll, memory=memory, logs=logs)
+
+    def _baseline_nll(self, x: Tensor, target: Tensor, use_checkpoint: bool) -> Tensor:
+        """Independent windows: one forward over (B·K, T), or one checkpointed forward per window."""
+        if not use_checkpoint:
+            batch, n_windows, length = x.shape
+            return window_nll(self.lm, x.reshape(-1, length), target.reshape(-1, length)).view(
+                batch, n_windows, length
+            )
+        nlls = [
+            checkpoint(window_nll, self.lm, x[:, k], target[:, k], use_reentrant=False)
+            for k in range(x.shape[1])
+        ]
+        return torch.stack(nlls, 1)
+
+    def _eval_overlap(self) -> int:
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        return int(getattr(datamodule, "eval_overlap", 0) or 0)
+
+    # ------------------------------------------------------------------ export
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The LM's full config, so `export` rebuilds it without the hub or the original directory.
+        checkpoint[HF_CONFIG_KEY] = self.lm.config.to_dict()
+
+    def export_pretrained(self, out_dir: str | Path) -> Path:
+        """Write the LM as a Hugging Face directory (`from_pretrained` loads it, e.g. as `pretrained`
+        of a recurrent model). The recurrence's own weights (layer weights, FFN) are not part of it."""
+        return save_lm(self.lm, out_dir)
+
+
+def save_lm(lm: PreTrainedModel, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lm.set_attn_implementation("sdpa")  # a plain directory: loaders choose their attention
+    try:
+        lm.save_pretrained(out)
+    finally:
+        lm.set_attn_implementation(RECURRENCE_IMPLEMENTATIONS["sdpa"])
+    return out
+
+
+def lm_from_checkpoint(ckpt_path: str | Path) -> PreTrainedModel:
+    """The causal LM of a `RecurrentGPT2LM` Lightning checkpoint (no hub access needed)."""
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    if HF_CONFIG_KEY not in ckpt:
+        raise ValueError(f"{ckpt_path} is not a RecurrentGPT2LM checkpoint (no {HF_CONFIG_KEY!r} entry)")
+    fields = dict(ckpt[HF_CONFIG_KEY])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    lm = AutoModelForCausalLM.from_config(config)
+    state = {k.removeprefix("lm."): v for k, v in ckpt["state_dict"].items() if k.startswith("lm.")}
+    missing, unexpected = lm.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", True) else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"checkpoint does not match the LM: missing {missing}, unexpected {unexpected}")
+    lm.tie_weights()
+    return lm
+
+
+def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
+    """Copy GPT-2 BPE files into an HF directory as vocab.json/merges.txt; the source may hold those or
+    OpenAI's encoder.json/vocab.bpe, gzip'd or not (as in ../shared/data/gpt2)."""
+    src, out = Path(src), Path(out_dir)
+    for names, target in (
+        (("vocab.json", "encoder.json"), "vocab.json"),
+        (("merges.txt", "vocab.bpe"), "merges.txt"),
+    ):
+        candidates = [(src / n, open) for n in names] + [(src / f"{n}.gz", gzip.open) for n in names]
+        found = [(path, opener) for path, opener in candidates if path.is_file()]
+        if not found:
+            raise FileNotFoundError(f"no {' or '.join(names)} (or .gz) in {src}")
+        path, opener = found[0]
+        with opener(path, "rb") as f_in, open(out / target, "wb") as f_out:
+            shutil.copyfileobj(f_in, f_out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m longctx.models.recurrent_gpt2 export CKPT OUT_DIR [--tokenizer DIR]`."""
+    parser = argparse.ArgumentParser(prog="python -m longctx.models.recurrent_gpt2")
+    sub = parser.add_subparsers(dest="command", required=True)
+    export = sub.add_parser("export", help="write a checkpoint's GPT-2 as a Hugging Face directory")
+    export.add_argument("ckpt", help="a RecurrentGPT2LM Lightning checkpoint (e.g. a trained baseline)")
+    export.add_argument("out_dir", help="output directory (usable as model.init_args.pretrained)")
+    export.add_argument("--tokenizer", help="directory with the GPT-2 BPE files to copy alongside")
+    args = parser.parse_args(argv)
+    out = save_lm(lm_from_checkpoint(args.ckpt), args.out_dir)
+    if args.tokenizer:
+        copy_tokenizer(args.tokenizer, out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

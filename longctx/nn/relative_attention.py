@@ -1,0 +1,251 @@
+"""Transformer-XL relative multi-head attention (Dai et al. 2019, §3.3; kimiyoung/transformer-xl
+`pytorch/mem_transformer.py`, `RelPartialLearnableMultiHeadAttn`).
+
+score(i, j) = [(q_i + u)·k_j + (q_i + v)·r_{i−j}] / √d_head, where r = W_R · sinusoid(i − j) and u, v
+(the code's `r_w_bias`, `r_r_bias`) are shared by all layers. The position term is computed for all
+query/position pairs at once and aligned with the keys by the "relative shift". As in the code: the
+q/k/v/r/o projections have no bias; the sinusoid is [sin | cos] over positions klen−1 … 0 capped at
+`clamp_len`; masked scores are −inf and the softmax runs in float32; post-LayerNorm by default, pre-LN
+(LayerNorm on [memory, segment] before the projections, no LayerNorm after) as an option.
+
+A layer can also attend to a TRAMS-selected window of its memory (`longctx.nn.trams`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longctx.nn.trams import (
+    TramsSettings,
+    oracle_scores,
+    select_memory,
+    trams_scores,
+    window_index,
+)
+
+
+def sinusoid_positions(
+    klen: int,
+    d_model: int,
+    clamp_len: int = 0,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Sinusoid embeddings of positions klen−1, …, 0 (capped at clamp_len if > 0): (klen, d_model),
+    sin block then cos block, inverse frequencies 1/10000^(2i/d) (the code's `PositionalEmbedding`)."""
+    pos = torch.arange(klen - 1, -1, -1.0, device=device, dtype=torch.float32)
+    if clamp_len > 0:
+        pos = pos.clamp(max=clamp_len)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device) / d_model))
+    angles = pos[:, None] * inv_freq[None, :]  # (klen, d_model / 2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype or torch.get_default_dtype())
+
+
+def rel_shift(x: Tensor) -> Tensor:
+    """(..., n, W) -> (..., n, W): row i is shifted left by n − 1 − i.
+
+    With column c of the input holding relative position W − 1 − c (the sinusoid order), entry (i, j)
+    of the output is input (i, j + n − 1 − i): the score of query i (at window position W − n + i) and
+    key j at distance W − n + i − j. Correct for j <= W − n + i (causal keys); the entries above are
+    garbage that only the mask removes (as in the code).
+    """
+    *lead, n, W = x.shape
+    x = F.pad(x, (1, 0))  # (..., n, W + 1)
+    x = x.reshape(*lead, W + 1, n)[..., 1:, :]
+    return x.reshape(*lead, n, W)
+
+
+def window_mask(key_valid: Tensor, n: int, same_length: int | None = None) -> Tensor:
+    """Allowed (query, key) pairs of a window [memory (W − n), segment (n)]: (B, H|1, n, W).
+
+    key_valid: (B, H|1, W) whether a key exists (empty memory rows after a document reset are False);
+    causal: key j <= W − n + i; same_length: additionally distance W − n + i − j < same_length, so
+    every query sees the same number of keys, min(same_length, memory + i + 1) (the code's
+    `same_length` mask with same_length = mem_len).
+    """
+    W = key_valid.shape[-1]
+    i = torch.arange(n, device=key_valid.device)[:, None]
+    j = torch.arange(W, device=key_valid.device)[None, :]
+    dist = W - n + i - j  # (n, W)
+    allowed = dist >= 0
+    if same_length is not None:
+        allowed = allowed & (dist < same_length)
+    return key_valid[:, :, None, :] & allowed
+
+
+@dataclass
+class AttentionOutput:
+    """out: (B, n, d) layer output; mem_mass: mean over (B, H, n) of the probability on the attended
+    memory keys (None unless asked); selected: (B, H, k) TRAMS-selected pool indices or None; window:
+    (B, H, W) the attended positions in [pool, segment] under TRAMS, else None; probs: (B, H, n, W) and
+    heads: (B, H, n, Dh) per-head attention vectors (only with `need_weights`); kv: keys and values
+    of [memory, segment] (B, H, P + n, Dh) before any selection (for a key/value cache)."""
+
+    out: Tensor
+    mem_mass: Tensor | None = None
+    selected: Tensor | None = None
+    window: Tensor | None = None
+    probs: Tensor | None = None
+    heads: Tensor | None = None
+    kv: tuple[Tensor, Tensor] | None = None
+
+
+class RelMultiHeadAttention(nn.Module):
+    """One XL attention sub-layer, with its residual and LayerNorm (the code's `dec_attn`)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_head: int,
+        dropout: float,
+        dropatt: float = 0.0,
+        pre_lnorm: bool = False,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.d_head, self.pre_lnorm = n_heads, d_head, pre_lnorm
+        self.qkv_net = nn.Linear(d_model, 3 * n_heads * d_head, bias=False)
+        self.r_net = nn.Linear(d_model, n_heads * d_head, bias=False)
+        self.o_net = nn.Linear(n_heads * d_head, d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.drop = nn.Dropout(dropout)
+        self.dropatt = nn.Dropout(dropatt)
+        self.scale = 1.0 / math.sqrt(d_head)
+
+    def query_weight(self) -> Tensor:
+        """Each head's query projection W_Q⁽ʰ⁾: (H, Dh, D)."""
+        w_q = self.qkv_net.weight[: self.n_heads * self.d_head]
+        return w_q.view(self.n_heads, self.d_head, -1)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+
+    def _positions(self, pos_emb: Tensor, W: int) -> Tensor:
+        """Projected relative positions W−1 … 0: (H, W, Dh) (pos_emb holds positions klen−1 … 0)."""
+        r = self.r_net(pos_emb[pos_emb.shape[0] - W :])
+        return r.view(W, self.n_heads, self.d_head).transpose(0, 1)
+
+    def _scores(
+        self, q: Tensor, k: Tensor, r: Tensor | None, bd: Tensor | None, u: Tensor, v: Tensor
+    ) -> Tensor:
+        """(q + u)·k + rel_shift((q + v)·r), or + bd when the position term is given: (B, H, n, W)."""
+        ac = (q + u[:, None, :]) @ k.transpose(-1, -2)
+        if bd is None:
+            bd = rel_shift((q + v[:, None, :]) @ r.transpose(-1, -2))
+        return (ac + bd) * self.scale
+
+    @staticmethod
+    def _softmax(scores: Tensor, allowed: Tensor) -> Tensor:
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+
+    def forward(
+        self,
+        x: Tensor,
+        mem: Tensor,
+        mem_valid: Tensor,
+        pos_emb: Tensor,
+        r_w_bias: Tensor,
+        r_r_bias: Tensor,
+        same_length: int | None = None,
+        trams: TramsSettings | None = None,
+        need_mass: bool = False,
+        need_weights: bool = False,
+        mem_kv: tuple[Tensor, Tensor] | None = None,
+    ) -> AttentionOutput:
+        """x: (B, n, d) segment; mem: (B, P, d) memory (P may be 0); mem_valid: (B, P) bool;
+        pos_emb: (klen >= P + n, d) sinusoid of positions klen−1 … 0; r_w_bias, r_r_bias: (H, Dh);
+        same_length: keys per query limit (see `window_mask`); trams: attend to a TRAMS window of
+        the memory (at most `trams.attended` keys) instead of all of it; mem_kv: the memory's keys
+        and values (B, H, P, Dh) when cached (evaluation), else they are projected from mem."""
+        B, n, _ = x.shape
+        P = mem.shape[1]
+        HD = self.n_heads * self.d_head
+        w_q, w_kv = self.qkv_net.weight[:HD], self.qkv_net.weight[HD:]
+        x_in = self.layer_norm(x) if self.pre_lnorm else x
+        q = self._heads(F.linear(x_in, w_q))  # (B, H, n, Dh); the code also projects the memory's queries
+        if mem_kv is not None:
+            k, v = (self._heads(t) for t in F.linear(x_in, w_kv).split(HD, dim=-1))
+            k, v = torch.cat([mem_kv[0], k], dim=2), torch.cat([mem_kv[1], v], dim=2)
+        else:
+            cat = torch.cat([mem, x], dim=1) if P else x  # (B, P + n, d)
+            cat_in = self.layer_norm(cat) if self.pre_lnorm else cat
+            k, v = (self._heads(t) for t in F.linear(cat_in, w_kv).split(HD, dim=-1))
+        kv = (k, v)  # (B, H, P + n, Dh), what a key/value cache keeps
+        key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, n)], dim=1)[:, None, :]  # (B, 1, P + n)
+        selected = window = None
+        if trams is not None and P > 0:
+            selected, window, k, v, key_valid, bd = self._trams_window(
+                q, k, v, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length
+            )
+            same_length = trams.attended if same_length is not None else None
+        else:
+            bd = None
+        W = k.shape[2]
+        r = self._positions(pos_emb, W) if bd is None else None
+        scores = self._scores(q, k, r, bd, r_w_bias, r_r_bias)  # (B, H, n, W)
+        allowed = window_mask(key_valid, n, same_length)
+        probs = self._softmax(scores, allowed)
+        mem_mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
+        attn = self.dropatt(probs).to(v.dtype) @ v  # (B, H, n, Dh)
+        out = self.drop(self.o_net(attn.transpose(1, 2).reshape(B, n, -1)))
+        out = x + out if self.pre_lnorm else self.layer_norm(x + out)
+        return AttentionOutput(
+            out=out,
+            mem_mass=mem_mass,
+            selected=selected,
+            window=window,
+            probs=probs if need_weights else None,
+            heads=attn if need_weights else None,
+            kv=kv,
+        )
+
+    def _trams_window(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_valid: Tensor,
+        pos_emb: Tensor,
+        u: Tensor,
+        vb: Tensor,
+        trams: TramsSettings,
+        same_length: int | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """Select the attended window [selected, kept, segment] of the pool (per batch row and head).
+
+        Returns the selected pool indices (B, H, k), the window positions (B, H, W) and the window's
+        keys, values (B, H, W, Dh), key validity (B, H, W) and, for true positions, the position term
+        (B, H, n, W) (None for compact positions: the caller uses the last W sinusoid rows).
+        """
+        B, H, n, Dh = q.shape
+        P = k.shape[2] - n
+        n_selectable = max(P - trams.kept, 0)
+        full_bd = None
+        if trams.positions == "true" or trams.metric == "oracle":
+            r_full = self._positions(pos_emb, P + n)
+            full_bd = rel_shift((q + vb[:, None, :]) @ r_full.transpose(-1, -2))  # (B, H, n, P + n)
+        if trams.metric == "oracle":
+            scores = self._scores(q, k, None, full_bd, u, vb)
+            probs = self._softmax(scores, window_mask(key_valid, n, same_length))
+            metric = oracle_scores(probs, n_selectable)
+        else:
+            metric = trams_scores(k[:, :, :n_selectable], self.query_weight(), trams.metric)
+        # Missing slots (empty memory of a reset row) are never preferred to real ones.
+        metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
+        selected = select_memory(metric, trams.selected)  # (B, H, k)
+        window = window_index(selected, P, trams.kept, n)  # (B, H, W)
+        idx = window[..., None].expand(-1, -1, -1, Dh)
+        k_w, v_w = k.gather(2, idx), v.gather(2, idx)
+        valid_w = key_valid.expand(B, H, -1).gather(2, window)
+        bd = None
+        if trams.positions == "true":
+            bd = full_bd.gather(3, window[:, :, None, :].expand(-1, -1, n, -1))
+        return selected, window, k_w, v_w, valid_w, bd

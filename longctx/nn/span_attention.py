@@ -1,0 +1,156 @@
+"""Sequential multi-head attention over the S previous tokens (Sukhbaatar et al. 2019, §2.1 and §2.2).
+
+Each query attends to the L most recent previous positions (never to itself, as in the released code
+facebookresearch/adaptive-span), taken from the cache of earlier blocks' hidden states followed by the
+current block. Logits are content q·k plus a learned key position embedding q·p_x (head_dim × S,
+shared by all layers and heads). With a span mask (`AdaptiveMask`, `DynamicSpan`) L is trimmed to the
+largest span of the layer plus the ramp, so the cost falls with the spans.
+
+The band of L keys per query is computed exactly, block by block: queries are cut into chunks of c
+positions, each chunk reads the L + c keys that cover its band, and the code's "skew" turns those
+c × (L + c) content logits into the c × L band. c = M is the released code's formulation (cost
+M·(M + L)); c = min(M, max(chunk_size, L)) costs M·(L + c), which is what makes small spans cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longctx.nn.adaptive_span import AdaptiveMask, DynamicSpan, renormalise
+
+SpanKind = Literal["fixed", "adaptive", "dynamic"]
+
+
+def unskew(x: Tensor) -> Tensor:
+    """(..., c, L + c) -> (..., c, L): row r keeps columns r .. r + L - 1 (its band)."""
+    c, width = x.shape[-2:]
+    L = width - c
+    x = F.pad(x.flatten(-2), (0, c))  # (..., c·(L + c + 1))
+    return x.view(*x.shape[:-1], c, L + c + 1)[..., :L]
+
+
+def skew(x: Tensor) -> Tensor:
+    """(..., c, L) -> (..., c, L + c): the inverse of `unskew`, zeros outside the band."""
+    c, L = x.shape[-2:]
+    x = F.pad(x, (0, c + 1)).flatten(-2)  # (..., c·(L + c + 1))
+    return x[..., : c * (L + c)].view(*x.shape[:-1], c, L + c)
+
+
+def band_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_pe: Tensor,
+    mask: Tensor | None,
+    dropout: nn.Dropout,
+    chunk_size: int,
+) -> Tensor:
+    """Attention of each query over its L previous keys, with position logits and a span mask.
+
+    q: (B, H, M, Dh); k, v: (B, H, L + M, Dh), where query i sits at key index L + i and attends to
+    keys i .. i + L - 1 (distances L .. 1); key_pe: (Dh, L), column t for distance L - t;
+    mask: None, or broadcastable to (B, H, M, L) with dims (B|1, H, M|1, L). Returns (B, H, M, Dh).
+    """
+    B, H, M, Dh = q.shape
+    L = k.shape[2] - M
+    c = min(M, max(chunk_size, L))
+    n = math.ceil(M / c)
+    pad = n * c - M
+    if pad:  # padded queries see only real keys before them and are dropped at the end
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    q = q.view(B, H, n, c, Dh)
+    k = k.unfold(2, L + c, c)  # (B, H, n, Dh, L + c): chunk j reads keys j·c .. j·c + L + c - 1
+    v = v.unfold(2, L + c, c).transpose(-1, -2)  # (B, H, n, L + c, Dh)
+    content = unskew(q @ k)  # (B, H, n, c, L)
+    position = q @ key_pe  # (B, H, n, c, L)
+    logits = content + position  # (B, H, n, c, L); the softmax runs in float32 at least (bf16 autocast)
+    probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / math.sqrt(Dh), dim=-1)
+    if mask is not None:
+        if mask.shape[2] > 1:
+            mask = F.pad(mask, (0, 0, 0, pad)).reshape(mask.shape[0], H, n, c, L)
+        else:
+            mask = mask[:, :, None]  # (B|1, H, 1, 1, L)
+        probs = renormalise(probs, mask)
+    probs = dropout(probs).to(v.dtype)
+    out = skew(probs) @ v  # (B, H, n, c, Dh)
+    return out.view(B, H, n * c, Dh)[:, :, :M]
+
+
+class SpanAttention(nn.Module):
+    """Multi-head attention over the previous S positions with a fixed, adaptive or dynamic span.
+
+    Bias-free Q/K/V/O projections (as in the code). The caller passes the layer's cache of previous
+    hidden states and the shared key position embedding.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        S: int,
+        dropout: float,
+        span: SpanKind = "adaptive",
+        R: int = 32,
+        span_init: float = 0.0,
+        dynamic_bias_init: float = -4.0,
+        chunk_size: int = 64,
+    ) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if span not in ("fixed", "adaptive", "dynamic"):
+            raise ValueError(f"span must be 'fixed', 'adaptive' or 'dynamic', got {span!r}")
+        self.n_heads, self.head_dim, self.S, self.span = n_heads, d_model // n_heads, S, span
+        self.chunk_size = chunk_size
+        self.proj_query = nn.Linear(d_model, d_model, bias=False)
+        self.proj_key = nn.Linear(d_model, d_model, bias=False)
+        self.proj_val = nn.Linear(d_model, d_model, bias=False)
+        self.proj_out = nn.Linear(d_model, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+        self.adaptive_mask = AdaptiveMask(n_heads, S, R, span_init) if span == "adaptive" else None
+        self.dynamic_span = (
+            DynamicSpan(d_model, n_heads, S, R, dynamic_bias_init) if span == "dynamic" else None
+        )
+
+    def cache_size(self) -> int:
+        """Previous hidden states to keep for the next block (trimmed only for adaptive spans)."""
+        return self.adaptive_mask.cache_size() if self.adaptive_mask is not None else self.S
+
+    def attended_length(self) -> int:
+        """Previous positions attended now by an adaptive layer, S otherwise (dynamic: per block)."""
+        return self.adaptive_mask.attended_length() if self.adaptive_mask is not None else self.S
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def forward(self, h: Tensor, h_cache: Tensor, key_pe: Tensor) -> tuple[Tensor, Tensor | None, int]:
+        """h: (B, M, d) block; h_cache: (B, C, d) previous hidden states; key_pe: (Dh, S).
+
+        Returns the output (B, M, d), the dynamic spans z_t (B, H, M) or None, and the attended length L.
+        """
+        B, M, d = h.shape
+        z_t = self.dynamic_span(h) if self.dynamic_span is not None else None
+        L = self.dynamic_span.attended_length(z_t) if z_t is not None else self.attended_length()
+        C = h_cache.shape[1]
+        # A cache shorter than the span is left-padded with zeros, as in the code (zero states give
+        # zero keys and values: the projections have no bias).
+        h_prev = h_cache[:, C - L :] if C >= L else F.pad(h_cache, (0, 0, L - C, 0))  # (B, L, d)
+        h_all = torch.cat([h_prev, h], dim=1)  # (B, L + M, d)
+        q = self._heads(self.proj_query(h))
+        k = self._heads(self.proj_key(h_all))
+        v = self._heads(self.proj_val(h_all))
+        if self.adaptive_mask is not None:
+            mask = self.adaptive_mask.mask(L)[None, :, None, :]  # (1, H, 1, L)
+        elif z_t is not None:
+            mask = self.dynamic_span.mask(z_t, L)  # (B, H, M, L)
+        else:
+            mask = None
+        out = band_attention(q, k, v, key_pe[:, self.S - L :], mask, self.dropout, self.chunk_size)
+        out = out.transpose(1, 2).reshape(B, M, d)
+        return self.proj_out(out), z_t, L

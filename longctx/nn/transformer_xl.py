@@ -1,0 +1,225 @@
+"""The Transformer-XL network (Dai et al. 2019; kimiyoung/transformer-xl `pytorch/mem_transformer.py`,
+`MemTransformerLM` with `attn_type=0`).
+
+Adaptive input -> dropout -> n_layers × [relative attention over (memory, segment), position-wise
+feed-forward] -> dropout -> (adaptive) softmax. As in the code: u and v (`r_w_bias`, `r_r_bias`) are
+shared by all layers; the sinusoid position embeddings go through the same dropout as the
+embeddings; each layer's memory holds its inputs (`longctx.nn.xl_memory`); post-LN blocks (pre-LN an
+option); initialisation N(0, init_std) for weights, embeddings, cluster weights and u, v,
+N(0, proj_init_std) for adaptive projections, N(1, init_std) for LayerNorm weights, zero biases.
+
+`mem_len` = 0 is the Transformer+RPE baseline of TRAMS (the same network without memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longctx.nn.adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from longctx.nn.relative_attention import AttentionOutput, RelMultiHeadAttention, sinusoid_positions
+from longctx.nn.trams import TramsSettings
+from longctx.nn.xl_memory import XLMemory, empty_memory, update_memory, zero_memory
+
+
+class PositionwiseFF(nn.Module):
+    """fc1 -> ReLU -> dropout -> fc2 -> dropout, with residual and LayerNorm (the code's `CoreNet`)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_inner: int,
+        dropout: float,
+        pre_lnorm: bool = False,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_inner)
+        self.fc2 = nn.Linear(d_inner, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.pre_lnorm = pre_lnorm
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.pre_lnorm:
+            return x + self.drop(self.fc2(self.drop(F.relu(self.fc1(self.layer_norm(x))))))
+        return self.layer_norm(x + self.drop(self.fc2(self.drop(F.relu(self.fc1(x))))))
+
+
+class XLBlock(nn.Module):
+    """Relative attention then feed-forward (the code's `RelPartialLearnableDecoderLayer`)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_head: int,
+        d_inner: int,
+        dropout: float,
+        dropatt: float,
+        pre_lnorm: bool,
+        layer_norm_eps: float,
+    ) -> None:
+        super().__init__()
+        self.attn = RelMultiHeadAttention(
+            d_model, n_heads, d_head, dropout, dropatt, pre_lnorm, layer_norm_eps
+        )
+        self.ff = PositionwiseFF(d_model, d_inner, dropout, pre_lnorm, layer_norm_eps)
+
+    def forward(self, x: Tensor, *args, **kwargs) -> tuple[Tensor, AttentionOutput]:
+        attn = self.attn(x, *args, **kwargs)
+        return self.ff(attn.out), attn
+
+
+@dataclass
+class XLOutput:
+    """hidden: (B, n, d) last-layer output (after dropout); memory: the updated memory; attn: per layer
+    the attention sub-layer's `AttentionOutput` (memory mass, TRAMS selections, weights if asked)."""
+
+    hidden: Tensor
+    memory: XLMemory
+    attn: list[AttentionOutput]
+
+
+class TransformerXL(nn.Module):
+    """Transformer-XL language model (network only; the losses come from `nll`).
+
+    Args:
+        vocab_size, n_layers, d_model, n_heads, d_inner: sizes (wt103 base: 16, 410, 10, 2100).
+        d_head: per-head size (default d_model // n_heads; the code's `d_head`).
+        d_embed: embedding size before the adaptive projection (default d_model).
+        dropout, dropatt: residual/embedding/feed-forward dropout and attention dropout.
+        pre_lnorm: LayerNorm before the sub-layers instead of after.
+        cutoffs, div_val: adaptive input/softmax (wt103: [20000, 40000, 200000], div_val 1);
+            no cutoffs = a full softmax (enwik8).
+        tie_weight: share output word vectors with the input embedding.
+        tie_projs: per cluster, share the output projection with the input one (wt103 code:
+            [False, True, True, True]); default: all but the head.
+        init_std, proj_init_std: initialisation (code: 0.02, 0.01).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        n_layers: int = 16,
+        d_model: int = 410,
+        n_heads: int = 10,
+        d_inner: int = 2100,
+        d_head: int | None = None,
+        d_embed: int | None = None,
+        dropout: float = 0.1,
+        dropatt: float = 0.0,
+        pre_lnorm: bool = False,
+        cutoffs: Sequence[int] = (),
+        div_val: int = 1,
+        tie_weight: bool = True,
+        tie_projs: Sequence[bool] | None = None,
+        init_std: float = 0.02,
+        proj_init_std: float = 0.01,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        d_head = d_head or d_model // n_heads
+        d_embed = d_embed or d_model
+        if d_model % 2:
+            raise ValueError(f"d_model ({d_model}) must be even (sin and cos halves of the sinusoid)")
+        self.n_layers, self.d_model, self.n_heads, self.d_head = n_layers, d_model, n_heads, d_head
+        self.word_emb = AdaptiveEmbedding(vocab_size, d_embed, d_model, cutoffs, div_val)
+        self.crit = ProjectedAdaptiveLogSoftmax(vocab_size, d_embed, d_model, cutoffs, div_val)
+        self.drop = nn.Dropout(dropout)
+        self.r_w_bias = nn.Parameter(torch.empty(n_heads, d_head))  # u
+        self.r_r_bias = nn.Parameter(torch.empty(n_heads, d_head))  # v
+        self.layers = nn.ModuleList(
+            XLBlock(d_model, n_heads, d_head, d_inner, dropout, dropatt, pre_lnorm, layer_norm_eps)
+            for _ in range(n_layers)
+        )
+        self._init_weights(init_std, proj_init_std)
+        if tie_projs is None:
+            tie_projs = [False] + [True] * len(cutoffs)
+        self.crit.tie_to(self.word_emb, tie_weight, tie_projs)
+
+    @torch.no_grad()
+    def _init_weights(self, std: float, proj_std: float) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.normal_(module.weight, 1.0, std)
+                nn.init.zeros_(module.bias)
+        for proj in [*self.word_emb.emb_projs, *self.crit.out_projs]:
+            nn.init.normal_(proj, 0.0, proj_std)
+        if self.crit.n_clusters:
+            nn.init.normal_(self.crit.cluster_weight, 0.0, std)
+            nn.init.zeros_(self.crit.cluster_bias)
+        nn.init.normal_(self.r_w_bias, 0.0, std)
+        nn.init.normal_(self.r_r_bias, 0.0, std)
+
+    def empty_memory(self, batch_size: int) -> XLMemory:
+        p = self.r_w_bias
+        return empty_memory(self.n_layers, batch_size, self.d_model, device=p.device, dtype=p.dtype)
+
+    def zero_memory(self, batch_size: int, mem_len: int) -> XLMemory:
+        p = self.r_w_bias
+        return zero_memory(self.n_layers, batch_size, mem_len, self.d_model, device=p.device, dtype=p.dtype)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: XLMemory,
+        mem_len: int,
+        clamp_len: int = 0,
+        same_length: bool = False,
+        trams: TramsSettings | None = None,
+        need_mass: bool = False,
+        need_weights: bool = False,
+        cache_kv: bool = False,
+    ) -> XLOutput:
+        """x: (B, n) token ids; memory: per layer (B, P, d) plus validity (B, P); mem_len: memory kept
+        for the next segment (the TRAMS pool M under TRAMS); clamp_len: cap of relative positions
+        (0 = none); same_length: every query sees min(mem_len, ·) memory keys (m under TRAMS);
+        cache_kv: keep the memory's keys and values with it (evaluation only: exact while the weights
+        do not change; no gradient reaches W_K, W_V through cached memory keys)."""
+        n = x.shape[1]
+        hiddens, valid = memory["hidden"], memory["valid"]
+        if len(hiddens) != self.n_layers:
+            raise ValueError(f"memory has {len(hiddens)} layers, the model {self.n_layers}")
+        P = valid.shape[1]
+        h = self.drop(self.word_emb(x))  # (B, n, d)
+        pos_emb = self.drop(sinusoid_positions(P + n, self.d_model, clamp_len, h.device, h.dtype))
+        limit = mem_len if same_length else None
+        cached = memory.get("key") if cache_kv else None
+        inputs, attns = [], []
+        for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
+            inputs.append(h)
+            mem_kv = (cached[i].to(h.dtype), memory["value"][i].to(h.dtype)) if cached is not None else None
+            h, attn = layer(
+                h,
+                mem.to(h.dtype),
+                valid,
+                pos_emb,
+                self.r_w_bias,
+                self.r_r_bias,
+                same_length=limit,
+                trams=trams,
+                need_mass=need_mass,
+                need_weights=need_weights,
+                mem_kv=mem_kv,
+            )
+            attns.append(attn)
+        kv = [a.kv for a in attns] if cache_kv else None
+        new_memory = update_memory(memory, inputs, mem_len, kv)
+        return XLOutput(self.drop(h), new_memory, attns)
+
+    def nll(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """Per-token NLL in nats: hidden (B, n, d), target (B, n) -> (B, n)."""
+        return self.crit(hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)).view(target.shape)
+
+    def log_prob(self, hidden: Tensor) -> Tensor:
+        """(B, n, d) -> (B, n, V) log-probabilities."""
+        return self.crit.log_prob(hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:-1], -1)

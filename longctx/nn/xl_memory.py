@@ -1,0 +1,81 @@
+"""Transformer-XL segment memory (Dai et al. 2019, §3.2; kimiyoung/transformer-xl `_update_mems`).
+
+Each layer keeps the last `mem_len` of its inputs (the embedding output for layer 0), detached: after
+a segment, memory_l = last mem_len of [memory_l, input_l]. The memory is a plain dict of tensors, so
+`LMBase` carries and detaches it across batches:
+
+    {"hidden": [ (B, P, d) per layer ], "valid": (B, P) bool}
+    (+ "key", "value": [ (B, H, P, Dh) per layer ] at evaluation with the key/value cache)
+
+`valid` marks slots that hold a real token. Transformer-XL's evaluation starts from an empty memory
+(P = 0); TRAMS's starts from a zero-filled one (P = mem_len zero states that are attended, as the
+released code's `init_mems`). A row that starts a new document gets its slots cleared: invalid
+(masked) under the XL convention, zero and attended under the TRAMS convention.
+
+At evaluation the weights do not change, so a layer's memory keys and values (W_K h, W_V h of the
+stored inputs h) can be cached with the memory instead of being projected again every segment (the
+released codes re-project them); that cache is exact and dropped whenever rows are reset.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+XLMemory = dict[str, Tensor | list[Tensor]]
+
+
+def empty_memory(
+    n_layers: int, batch_size: int, d_model: int, device=None, dtype: torch.dtype | None = None
+) -> XLMemory:
+    """The memory of fresh rows under Transformer-XL's convention: nothing (P = 0)."""
+    hidden = [torch.zeros(batch_size, 0, d_model, device=device, dtype=dtype) for _ in range(n_layers)]
+    return {"hidden": hidden, "valid": torch.zeros(batch_size, 0, dtype=torch.bool, device=device)}
+
+
+def zero_memory(
+    n_layers: int, batch_size: int, mem_len: int, d_model: int, device=None, dtype: torch.dtype | None = None
+) -> XLMemory:
+    """The memory of fresh rows under TRAMS's convention: mem_len zero states, attended."""
+    hidden = [torch.zeros(batch_size, mem_len, d_model, device=device, dtype=dtype) for _ in range(n_layers)]
+    return {"hidden": hidden, "valid": torch.ones(batch_size, mem_len, dtype=torch.bool, device=device)}
+
+
+def memory_length(memory: XLMemory) -> int:
+    return memory["valid"].shape[1]
+
+
+@torch.no_grad()
+def update_memory(
+    memory: XLMemory,
+    inputs: list[Tensor],
+    mem_len: int,
+    kv: list[tuple[Tensor, Tensor]] | None = None,
+) -> XLMemory:
+    """Append each layer's segment input (B, n, d) to its memory and keep the last mem_len slots.
+
+    kv: per layer the keys and values of [memory, segment] (B, H, P + n, Dh) to cache, or None.
+    """
+    valid = memory["valid"]
+    B, n = inputs[0].shape[:2]
+    P = valid.shape[1]
+    keep = min(mem_len, P + n)
+    new_valid = torch.cat([valid, valid.new_ones(B, n)], dim=1)[:, P + n - keep :]
+    hidden = [
+        torch.cat([h.to(x.dtype), x], dim=1)[:, P + n - keep :].detach()
+        for h, x in zip(memory["hidden"], inputs)
+    ]
+    new_memory: XLMemory = {"hidden": hidden, "valid": new_valid}
+    if kv is not None:
+        new_memory["key"] = [k[:, :, P + n - keep :].detach() for k, _ in kv]
+        new_memory["value"] = [v[:, :, P + n - keep :].detach() for _, v in kv]
+    return new_memory
+
+
+def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:
+    """Clear the rows where reset (B,) is True: zero states, masked (zero_fill=False) or attended.
+    A key/value cache is dropped (the next segment projects the memory again)."""
+    reset = reset.to(memory["valid"].device)
+    hidden = [h.masked_fill(reset[:, None, None], 0.0) for h in memory["hidden"]]
+    valid = memory["valid"].masked_fill(reset[:, None], zero_fill)
+    return {"hidden": hidden, "valid": valid}

@@ -1,0 +1,262 @@
+"""`AdaptiveSpanLM` inside a real Lightning Trainer: the loss with the span penalty, z' clamped after
+every optimizer step, the span logs, the span figure at the end of fit, memory carried across batches."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+
+import longctx.models.adaptive_span as adaptive_span_module
+from longctx.models.adaptive_span import SPAN_FIGURE, AdaptiveSpanLM
+from longctx.optim.adagrad import ClippedAdagrad
+from tests.lm_fixtures import SyntheticData
+
+S, H, N_LAYERS = 64, 2, 2
+
+
+def tiny(span: str = "adaptive", span_loss: float = 1e-3, optimizer=None, **kwargs) -> AdaptiveSpanLM:
+    torch.manual_seed(0)
+    return AdaptiveSpanLM(
+        vocab_size=64,
+        d_model=16,
+        n_layers=N_LAYERS,
+        n_heads=H,
+        d_inner=32,
+        attn_span=S,
+        dropout=0.0,
+        span=span,
+        span_loss=span_loss,
+        span_ramp=8,
+        chunk_size=8,
+        optimizer=optimizer or partial(torch.optim.SGD, lr=0.1),
+        **kwargs,
+    )
+
+
+def set_spans(model: AdaptiveSpanLM, z_ratio: list[list[float]]) -> None:
+    with torch.no_grad():
+        for layer, z in zip(model.net.layers, z_ratio):
+            layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z))
+
+
+def z_ratios(model: AdaptiveSpanLM) -> torch.Tensor:
+    return torch.stack([layer.attn.adaptive_mask.z_ratio.detach().clone() for layer in model.net.layers])
+
+
+def fit(model: AdaptiveSpanLM, tmp_path: Path, callbacks=(), logger=False, **kwargs) -> pl.Trainer:
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        log_every_n_steps=1,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=list(callbacks),
+        **kwargs,
+    )
+    trainer.fit(model, datamodule=SyntheticData(n_tokens=2001, batch_size=3, seq_len=16))
+    return trainer
+
+
+class Record(Callback):
+    """Keeps every training batch, the loss before backward, and z' before and after each step."""
+
+    def __init__(self) -> None:
+        self.batches, self.losses, self.z_before, self.z_after, self.memories = [], [], [], [], []
+        self.embeddings = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batches.append({k: v.clone() for k, v in batch.items()})
+        self.memories.append(pl_module._memory_for("train", batch))
+        self.embeddings.append(pl_module.net.in_emb.weight.detach().clone())
+        if pl_module.hparams.span == "adaptive":
+            self.z_before.append(z_ratios(pl_module))
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.losses.append(loss.detach().clone())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if pl_module.hparams.span == "adaptive":
+            self.z_after.append(z_ratios(pl_module))
+
+
+# ---------------------------------------------------------------------------------- the loss
+def test_training_loss_is_mean_nll_plus_lambda_over_heads_times_sum_of_spans(tmp_path):
+    model, record = tiny(span_loss=2e-3), Record()
+    set_spans(model, [[0.1, 0.3], [0.5, 0.9]])
+    fit(model, tmp_path, callbacks=[record], max_steps=1)
+    batch, z_ratio = record.batches[0], record.z_before[0]
+    # The weights before the update: the same seed rebuilds the same initial model.
+    reference = tiny(span_loss=2e-3)
+    set_spans(reference, z_ratio.tolist())
+    with torch.no_grad():
+        out = reference.net(batch["input"], reference.net.init_cache(3))
+        nll = F.cross_entropy(out.logits.transpose(1, 2), batch["target"], reduction="none")
+    mean_nll = (nll * batch["mask"]).sum() / batch["mask"].sum()
+    # (λ/M)·Σ_i z_i over all heads of all layers, M = heads per layer, z = S·z'
+    penalty = 2e-3 / H * (S * z_ratio).sum()
+    assert penalty == pytest.approx(2e-3 * (0.1 + 0.3 + 0.5 + 0.9) * S / 2)
+    torch.testing.assert_close(record.losses[0], mean_nll + penalty)
+
+
+def test_dynamic_span_penalty_is_in_the_loss(tmp_path):
+    model, record = tiny("dynamic", span_loss=1e-2), Record()
+    fit(model, tmp_path, callbacks=[record], max_steps=1)
+    reference = tiny("dynamic", span_loss=1e-2)
+    batch = record.batches[0]
+    with torch.no_grad():
+        out = reference.net(batch["input"], reference.net.init_cache(3))
+        nll = F.cross_entropy(out.logits.transpose(1, 2), batch["target"], reduction="none").mean()
+        h = reference.net.in_emb(batch["input"])
+        z_first = reference.net.layers[0].attn.dynamic_span(h)  # (B, H, M) spans of layer 0
+    assert out.penalty > 0 and z_first.std() > 0
+    torch.testing.assert_close(out.penalty, sum(z.mean() for z in _dynamic_spans(reference, batch["input"])))
+    torch.testing.assert_close(record.losses[0], nll + 1e-2 * out.penalty)
+
+
+def _dynamic_spans(model: AdaptiveSpanLM, x: torch.Tensor) -> list[torch.Tensor]:
+    """z_t of every layer by running the blocks by hand (zero caches)."""
+    h, spans = model.net.in_emb(x), []
+    for layer, cache in zip(model.net.layers, model.net.init_cache(x.shape[0])):
+        spans.append(layer.attn.dynamic_span(h))
+        h, _, _ = layer(h, cache, model.net.key_pe)
+    return spans
+
+
+def test_fixed_span_has_no_penalty_and_no_span_parameters(tmp_path):
+    model, record = tiny("fixed"), Record()
+    assert not [n for n, _ in model.named_parameters() if "z_ratio" in n or "dynamic" in n]
+    fit(model, tmp_path, callbacks=[record], max_steps=1)
+    reference = tiny("fixed")
+    batch = record.batches[0]
+    with torch.no_grad():
+        out = reference.net(batch["input"], reference.net.init_cache(3))
+        nll = F.cross_entropy(out.logits.transpose(1, 2), batch["target"], reduction="none").mean()
+    assert out.penalty is None
+    torch.testing.assert_close(record.losses[0], nll)
+    assert not (tmp_path / SPAN_FIGURE).exists()
+
+
+# ---------------------------------------------------------------------------------- clamping
+@pytest.mark.parametrize(
+    ("optimizer", "start", "bound"),
+    [
+        (partial(torch.optim.SGD, lr=1.0), [[0.01, 0.5], [0.02, 0.3]], 0.0),  # λ·S/H pushes below 0
+        (partial(torch.optim.SGD, lr=1.0, maximize=True), [[0.99, 0.5], [0.98, 0.7]], 1.0),  # above 1
+        (partial(ClippedAdagrad, lr=0.07, grad_clip=0.03), [[0.0, 0.5], [0.0, 0.3]], 0.0),  # paper optim
+    ],
+)
+def test_z_ratio_is_clamped_after_every_optimizer_step(tmp_path, optimizer, start, bound):
+    model, record = tiny(span_loss=1.0, optimizer=optimizer), Record()
+    set_spans(model, start)
+    fit(model, tmp_path, callbacks=[record], max_steps=3)
+    assert len(record.z_after) == 3
+    for after in record.z_after:
+        assert after.min() >= 0.0 and after.max() <= 1.0
+    # The first head of each layer was pushed past the bound (|∂penalty/∂z'| = λ·S/H = 32 dominates)
+    # and sits exactly on it; the unclamped update would have left [0, 1].
+    torch.testing.assert_close(record.z_after[0][:, 0], torch.full((N_LAYERS,), bound))
+    assert not torch.equal(record.z_after[0][:, 1], record.z_before[0][:, 1])  # the others moved
+
+
+def test_clamping_happens_only_on_optimizer_steps_with_gradient_accumulation(tmp_path):
+    model, record = tiny(span_loss=1.0, optimizer=partial(torch.optim.SGD, lr=1.0)), Record()
+    set_spans(model, [[0.01, 0.5], [0.02, 0.3]])
+    fit(model, tmp_path, callbacks=[record], max_steps=1, accumulate_grad_batches=2)
+    assert len(record.z_after) == 2
+    torch.testing.assert_close(record.z_after[0], record.z_before[0])  # no step after the 1st batch
+    torch.testing.assert_close(record.z_after[1][:, 0], torch.zeros(N_LAYERS))
+
+
+# ---------------------------------------------------------------------------------- logs and figure
+class FakeWandb(Logger):
+    """Stands in for WandbLogger: records metrics and images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: list[dict[str, float]] = []
+        self.images: list[tuple[str, list]] = []
+
+    @property
+    def name(self) -> str:
+        return "fake"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.metrics.append(dict(metrics))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_image(self, key: str, images: list, **kwargs) -> None:
+        self.images.append((key, images))
+
+
+def test_span_logs_and_figure_at_fit_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(adaptive_span_module, "WandbLogger", FakeWandb)
+    model, record, logger = tiny(span_loss=1e-3), Record(), FakeWandb()
+    set_spans(model, [[0.1, 0.3], [0.5, 0.9]])
+    fit(model, tmp_path, callbacks=[record], logger=logger, max_steps=2)
+    first = next(m for m in logger.metrics if "span/avg" in m)
+    z = S * record.z_before[0]  # spans during the first step
+    assert first["span/avg"] == pytest.approx(float(z.mean()), rel=1e-6)
+    for i in range(N_LAYERS):
+        for j in range(H):
+            assert first[f"span/layer{i}/head{j}"] == pytest.approx(float(z[i, j]), rel=1e-6)
+    assert first["span/penalty"] == pytest.approx(1e-3 * float(z.sum()) / H, rel=1e-6)
+    # attended positions per layer: largest span + R rounded up to 64 positions of S = 64
+    assert first["span/attended"] == 64
+    assert "train/loss" in first and first["train/bpc"] == pytest.approx(first["train/loss"] / math.log(2))
+    path = tmp_path / SPAN_FIGURE
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert logger.images == [("span/by_layer", [str(path)])]
+
+
+def test_dynamic_span_figure_uses_the_last_training_spans(tmp_path):
+    model = tiny("dynamic")
+    fit(model, tmp_path, max_steps=1)
+    spans = model.head_spans()
+    assert len(spans) == N_LAYERS and all(z.shape == (H,) for z in spans)
+    assert all(0 < float(z.min()) < S for z in spans)  # S·σ(-4) ≈ 1.2 at init, not the fixed S
+    assert (tmp_path / SPAN_FIGURE).is_file()
+
+
+# ---------------------------------------------------------------------------------- memory
+def test_training_carries_the_cache_across_batches(tmp_path):
+    model, record = tiny(), Record()
+    set_spans(model, [[0.1, 0.3], [0.5, 0.9]])
+    fit(model, tmp_path, callbacks=[record], max_steps=2)
+    # The second batch continues the first row by row; its memory is the first block's cache.
+    first, second = record.batches
+    assert torch.equal(first["input"][:, 1:], first["target"][:, :-1])
+    assert torch.equal(second["input"][:, 0], first["target"][:, -1])
+    memory = record.memories[1]
+    assert [tuple(m.shape) for m in memory] == [(3, 64, 16)] * N_LAYERS
+    # layer 0's cache ends with the embeddings of the first block's tokens (the weights of step 0)
+    torch.testing.assert_close(memory[0][:, -16:], F.embedding(first["input"], record.embeddings[0]))
+    assert memory[0][:, :-16].abs().max() == 0  # the zero-initialised part of the cache
+
+
+def test_reset_memory_rows_clears_only_those_rows():
+    model = tiny()
+    memory = [torch.randn(3, 64, 16) for _ in range(N_LAYERS)]
+    reset = torch.tensor([False, True, False])
+    out = model.reset_memory_rows(memory, reset)
+    for before, after in zip(memory, out):
+        assert after[1].abs().max() == 0
+        torch.testing.assert_close(after[[0, 2]], before[[0, 2]])

@@ -1,0 +1,240 @@
+"""TRAMS memory selection (Yu et al. 2023; lwaekfjlk/TRAMS): the cheap metric against the
+materialised d_model-sized K′, the layer against a re-statement of the released code's computation,
+and the invariants: selecting everything is XL over the whole pool, the output is XL attention over
+the [selected, kept, segment] window, k = 0 is XL with memory m, the pool is XL's memory, the oracle
+picks the largest attention mass."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from longctx.nn.relative_attention import RelMultiHeadAttention, rel_shift, sinusoid_positions
+from longctx.nn.trams import (
+    TramsSettings,
+    query_gram,
+    reformulated_keys,
+    select_memory,
+    trams_scores,
+    window_index,
+)
+from longctx.nn.transformer_xl import TransformerXL
+
+D, H, DH = 12, 3, 4
+
+
+def layer(seed: int = 0) -> RelMultiHeadAttention:
+    torch.manual_seed(seed)
+    return RelMultiHeadAttention(d_model=D, n_heads=H, d_head=DH, dropout=0.0).double()
+
+
+def inputs(B: int = 2, P: int = 12, n: int = 4, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, n, D, generator=g, dtype=torch.double)
+    mem = torch.randn(B, P, D, generator=g, dtype=torch.double)
+    u = torch.randn(H, DH, generator=g, dtype=torch.double)
+    v = torch.randn(H, DH, generator=g, dtype=torch.double)
+    return x, mem, torch.ones(B, P, dtype=torch.bool), sinusoid_positions(P + n, D, dtype=torch.double), u, v
+
+
+def keys(attn: RelMultiHeadAttention, h: torch.Tensor) -> torch.Tensor:
+    """Content keys (B, H, T, Dh) of hidden states h (B, T, d)."""
+    w_k = attn.qkv_net.weight[H * DH : 2 * H * DH]
+    B, T, _ = h.shape
+    return (h @ w_k.T).view(B, T, H, DH).transpose(1, 2)
+
+
+def brute_force_metric(k: torch.Tensor, w_q: torch.Tensor, metric: str) -> torch.Tensor:
+    K = reformulated_keys(k, w_q)  # (B, H, P, D), the released code's QKk
+    if metric == "code":
+        return K.norm(dim=-1) * K.sum(-1).abs()
+    ones = torch.ones_like(K)
+    return torch.nn.functional.cosine_similarity(K, ones, dim=-1) * K.norm(dim=-1)
+
+
+# ---------------------------------------------------------------------------------- the metric
+@pytest.mark.parametrize("metric", ["code", "paper"])
+def test_cheap_metric_equals_the_materialised_reformulated_keys(metric):
+    torch.manual_seed(0)
+    k, w_q = torch.randn(2, H, 9, DH, dtype=torch.double), torch.randn(H, DH, D, dtype=torch.double)
+    torch.testing.assert_close(trams_scores(k, w_q, metric), brute_force_metric(k, w_q, metric))
+    G, s = query_gram(w_q)
+    assert G.shape == (H, DH, DH) and s.shape == (H, DH)  # never d_model-sized per token
+
+
+def test_reformulated_key_gives_the_query_key_product():
+    attn, (x, mem, *_) = layer(), inputs()
+    k = keys(attn, mem)  # (B, H, P, Dh)
+    q = (x @ attn.qkv_net.weight[: H * DH].T).view(2, 4, H, DH).transpose(1, 2)
+    K = reformulated_keys(k, attn.query_weight())  # (B, H, P, D)
+    torch.testing.assert_close(q @ k.transpose(-1, -2), x[:, None] @ K.transpose(-1, -2))
+
+
+def test_selection_helpers():
+    scores = torch.tensor([[[0.1, 5.0, 0.3, 4.0, 2.0]]])
+    assert select_memory(scores, 3).tolist() == [[[1, 3, 4]]]  # top 3, back in time order
+    assert select_memory(scores, 9).tolist() == [[[0, 1, 2, 3, 4]]]
+    window = window_index(torch.tensor([[[1, 3]]]), pool=8, kept=3, n=2)
+    assert window.tolist() == [[[1, 3, 5, 6, 7, 8, 9]]]
+    with pytest.raises(ValueError):
+        TramsSettings(attended=4, kept=5)
+
+
+# ---------------------------------------------------------------------------------- one layer
+@pytest.mark.parametrize(("metric", "kept", "attended"), [("code", 3, 7), ("paper", 3, 7), ("code", 0, 5)])
+def test_layer_selects_the_top_of_the_brute_force_metric_and_keeps_the_newest(metric, kept, attended):
+    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
+    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended, kept, metric))
+    P = mem.shape[1]
+    metric_values = brute_force_metric(keys(attn, mem)[:, :, : P - kept], attn.query_weight(), metric)
+    expected = metric_values.topk(attended - kept, dim=-1).indices.sort(-1).values
+    assert torch.equal(out.selected, expected)
+    kept_block = out.window[..., attended - kept : attended]
+    assert torch.equal(kept_block, torch.arange(P - kept, P).expand(2, H, -1))
+
+
+def released_trams_layer(attn, x, mem, u, vb, topk: int, remain: int) -> torch.Tensor:
+    """The released code's `RelPartialLearnableMultiHeadAttn.forward` with topk_num > 0, restated
+    batch-first: d_model-sized QKk for every key, ‖QKk‖·|ΣQKk| over the older slots, top-k in time
+    order, AC = w·QKk + r_w_bias·k, the last (topk + remain + n) position rows, post-LN."""
+    B, n, d = x.shape
+    cat = torch.cat([mem, x], 1)
+    klen = cat.shape[1]
+    Q, K, V = attn.qkv_net.weight.chunk(3, dim=0)
+    kK = (cat @ K.T).view(B, klen, H, DH)
+    QKk = torch.einsum("bjnd,ndk->bjnk", kK, Q.view(H, DH, d))  # (B, klen, H, d)
+    vv = (cat @ V.T).view(B, klen, H, DH)
+    stdlen = n + remain
+    mem_QKk = QKk[:, :-stdlen]
+    score = mem_QKk.norm(dim=-1) * mem_QKk.sum(-1).abs()  # (B, P - remain, H)
+    idx = score.topk(topk, dim=1).indices.sort(dim=1).values  # (B, topk, H)
+
+    def pick(t):
+        sel = t[:, :-stdlen].gather(1, idx[..., None].expand(-1, -1, -1, t.shape[-1]))
+        return torch.cat([sel, t[:, -stdlen:]], 1)
+
+    QKk_w, k_w, v_w = pick(QKk), pick(kK), pick(vv)
+    W = topk + stdlen
+    r = attn.r_net(sinusoid_positions(klen, d, dtype=x.dtype))[-W:].view(W, H, DH)
+    q = (x @ Q.T).view(B, n, H, DH)
+    AC = torch.einsum("bik,bjnk->bijn", x, QKk_w) + torch.einsum("nd,bjnd->bjn", u, k_w)[:, None]
+    BD = rel_shift(torch.einsum("bind,jnd->bnij", q + vb, r)).permute(0, 2, 3, 1)  # (B, n, W, H)
+    mask = torch.triu(torch.ones(n, klen), 1 + mem.shape[1]).bool()[:, -W:]
+    score = ((AC + BD) / math.sqrt(DH)).masked_fill(mask[None, :, :, None], float("-inf"))
+    vec = torch.einsum("bijn,bjnd->bind", score.softmax(dim=2), v_w).reshape(B, n, H * DH)
+    return attn.layer_norm(x + attn.o_net(vec))
+
+
+def test_layer_equals_the_released_code_computation():
+    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
+    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended=7, kept=3))
+    torch.testing.assert_close(out.out, released_trams_layer(attn, x, mem, u, v, topk=4, remain=3))
+
+
+@pytest.mark.parametrize("metric", ["code", "paper", "oracle"])
+@pytest.mark.parametrize("positions", ["compact", "true"])
+@pytest.mark.parametrize("kept", [0, 5, 12])
+def test_selecting_everything_equals_xl_over_the_whole_pool(metric, positions, kept):
+    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
+    xl = attn(x, mem, valid, pos, u, v, need_mass=True)
+    trams = attn(x, mem, valid, pos, u, v, trams=TramsSettings(12, kept, metric, positions), need_mass=True)
+    torch.testing.assert_close(trams.out, xl.out)
+    torch.testing.assert_close(trams.mem_mass, xl.mem_mass)
+
+
+@pytest.mark.parametrize("metric", ["code", "oracle"])
+def test_compact_output_is_xl_attention_over_the_selected_kept_segment_window(metric):
+    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
+    kept, attended = 3, 7
+    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended, kept, metric), need_weights=True)
+    P = mem.shape[1]
+    for b in range(2):
+        for h in range(H):
+            window = torch.cat([mem[b, out.selected[b, h]], mem[b, P - kept :]])[None]  # (1, m, d)
+            ref = attn(x[b : b + 1], window, valid[b : b + 1, :attended], pos, u, v, need_weights=True)
+            torch.testing.assert_close(out.heads[b, h], ref.heads[0, h])
+
+
+def test_true_positions_output_is_xl_attention_restricted_to_the_window():
+    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
+    kept, attended = 3, 7
+    out = attn(
+        x, mem, valid, pos, u, v, trams=TramsSettings(attended, kept, "code", "true"), need_weights=True
+    )
+    P = mem.shape[1]
+    for b in range(2):
+        for h in range(H):
+            in_window = torch.zeros(1, P, dtype=torch.bool)
+            in_window[0, out.selected[b, h]] = True
+            in_window[0, P - kept :] = True
+            ref = attn(x[b : b + 1], mem[b : b + 1], in_window, pos, u, v, need_weights=True)
+            torch.testing.assert_close(out.heads[b, h], ref.heads[0, h])
+
+
+def test_oracle_selects_the_largest_attention_mass_of_the_full_pool():
+    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
+    kept, attended = 3, 7
+    full = attn(x, mem, valid, pos, u, v, need_weights=True)
+    mass = full.probs[..., : mem.shape[1] - kept].sum(-2)  # (B, H, P - kept)
+    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended, kept, "oracle"))
+    assert torch.equal(out.selected, mass.topk(attended - kept, -1).indices.sort(-1).values)
+
+
+def test_missing_slots_are_not_selected_while_real_ones_remain():
+    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
+    valid[1, :5] = False  # row 1 has only its 7 newest slots (a document started there)
+    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended=6, kept=2))
+    assert out.selected[1].min() >= 5  # 4 selected among the 5 real older slots 5..9
+    assert out.selected[0].min() < 5  # row 0 still chooses from all (seeded: not only the newest)
+
+
+# ---------------------------------------------------------------------------------- the network
+def network() -> TransformerXL:
+    torch.manual_seed(0)
+    return TransformerXL(40, n_layers=2, d_model=D, n_heads=H, d_inner=20, dropout=0.0).double().eval()
+
+
+def test_no_selection_is_xl_with_memory_m_and_the_pool_is_xls_memory():
+    model = network()
+    x = torch.randint(0, 40, (2, 24))
+    trams_mem, xl_mem, pool_mem = model.empty_memory(2), model.empty_memory(2), model.empty_memory(2)
+    only_kept = TramsSettings(attended=6, kept=6)
+    for s in range(6):
+        seg = x[:, 4 * s : 4 * s + 4]
+        trams = model(seg, trams_mem, mem_len=12, trams=only_kept)
+        xl = model(seg, xl_mem, mem_len=6)
+        xl_pool = model(seg, pool_mem, mem_len=12)
+        torch.testing.assert_close(trams.hidden, xl.hidden)
+        trams_mem, xl_mem, pool_mem = trams.memory, xl.memory, xl_pool.memory
+        assert trams_mem["valid"].shape[1] == min(12, 4 * s + 4)
+        torch.testing.assert_close(trams_mem["hidden"][0], pool_mem["hidden"][0])  # embeddings
+        torch.testing.assert_close(trams_mem["hidden"][1][:, -6:], xl_mem["hidden"][1])
+
+
+def test_selection_changes_the_network_output_only_beyond_the_kept_memory():
+    model = network()
+    x = torch.randint(0, 40, (2, 28))
+    memory = model.zero_memory(2, 16)  # TRAMS's protocol: zero-filled pool
+    for s in range(7):
+        out = model(x[:, 4 * s : 4 * s + 4], memory, mem_len=16, trams=TramsSettings(8, 4), need_mass=True)
+        memory = out.memory
+        assert all(a.selected.shape == (2, H, 4) for a in out.attn)
+        assert all(0 < float(a.mem_mass) < 1 for a in out.attn)
+    assert memory["valid"].all() and memory["valid"].shape == (2, 16)
+
+
+@pytest.mark.parametrize("metric", ["code", "oracle"])
+def test_trams_with_the_key_value_cache_equals_projecting_the_pool_again(metric):
+    model = network()
+    x = torch.randint(0, 40, (2, 28))
+    settings = TramsSettings(8, 4, metric)
+    plain, cached = model.zero_memory(2, 16), model.zero_memory(2, 16)
+    for s in range(7):
+        seg = x[:, 4 * s : 4 * s + 4]
+        a = model(seg, plain, mem_len=16, trams=settings)
+        b = model(seg, cached, mem_len=16, trams=settings, cache_kv=True)
+        torch.testing.assert_close(b.hidden, a.hidden)
+        assert all(torch.equal(p.selected, q.selected) for p, q in zip(a.attn, b.attn))
+        plain, cached = a.memory, b.memory

@@ -1,0 +1,327 @@
+"""Transformer-XL building blocks against straightforward references: the relative shift, the sinusoid,
+one attention layer against a loop over (query, key) pairs, the same_length mask against the code's
+triu/tril construction, the segment memory against one pass over the whole stream, document resets,
+the adaptive softmax, the parameter count of the wt103 config, and the Lightning module."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+
+from longctx.models.transformer_xl import TransformerXLLM
+from longctx.nn.adaptive_softmax import ProjectedAdaptiveLogSoftmax
+from longctx.nn.relative_attention import RelMultiHeadAttention, rel_shift, sinusoid_positions, window_mask
+from longctx.nn.transformer_xl import TransformerXL
+from longctx.nn.xl_memory import reset_memory_rows
+from tests.lm_fixtures import SyntheticData
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def net(n_layers: int = 2, d_model: int = 16, n_heads: int = 2, vocab: int = 30, **kwargs) -> TransformerXL:
+    torch.manual_seed(0)
+    return TransformerXL(vocab, n_layers, d_model, n_heads, d_inner=24, dropout=0.0, **kwargs).double().eval()
+
+
+def sinusoid(dist: float, d: int) -> torch.Tensor:
+    inv_freq = torch.tensor([10000 ** (-2 * i / d) for i in range(d // 2)], dtype=torch.double)
+    return torch.cat([torch.sin(dist * inv_freq), torch.cos(dist * inv_freq)])
+
+
+# ---------------------------------------------------------------------------------- positions
+@pytest.mark.parametrize(("n", "W"), [(1, 1), (3, 3), (4, 9), (5, 7)])
+def test_rel_shift_equals_a_direct_gather_on_causal_entries(n, W):
+    x = torch.randn(2, 3, n, W)
+    out = rel_shift(x)
+    for i in range(n):
+        for j in range(W - n + i + 1):  # causal keys of query i
+            # column c of x holds distance W-1-c; the key j of query i is at distance W-n+i-j
+            torch.testing.assert_close(out[..., i, j], x[..., i, W - 1 - (W - n + i - j)])
+
+
+def test_sinusoid_is_sin_then_cos_from_klen_minus_one_to_zero_with_clamp():
+    pos = sinusoid_positions(7, 8, clamp_len=4, dtype=torch.double)
+    for row, dist in enumerate([4, 4, 4, 4, 3, 2, 1, 0][1:]):  # positions 6..0 capped at 4
+        torch.testing.assert_close(pos[row], sinusoid(dist, 8))
+    torch.testing.assert_close(sinusoid_positions(3, 8, dtype=torch.double)[0], sinusoid(2, 8))
+
+
+# ---------------------------------------------------------------------------------- one layer
+def naive_attention(
+    attn: RelMultiHeadAttention,
+    x: torch.Tensor,
+    mem: torch.Tensor,
+    valid: torch.Tensor,
+    u: torch.Tensor,
+    v: torch.Tensor,
+    clamp_len: int = 0,
+    same_length: int | None = None,
+) -> torch.Tensor:
+    """The layer computed one (batch, head, query, key) at a time from the paper's formula."""
+    B, n, d = x.shape
+    P = mem.shape[1]
+    H, Dh = attn.n_heads, attn.d_head
+    cat = torch.cat([mem, x], 1)
+    wq, wk, wv = attn.qkv_net.weight.split(H * Dh)
+    wr = attn.r_net.weight
+    vec = torch.zeros(B, n, H * Dh, dtype=x.dtype)
+    for b in range(B):
+        for h in range(H):
+            rows = slice(h * Dh, (h + 1) * Dh)
+            for i in range(n):
+                q = wq[rows] @ x[b, i]
+                scores, values = [], []
+                for j in range(P + n):
+                    dist = P + i - j
+                    if dist < 0 or (j < P and not valid[b, j]) or (same_length and dist >= same_length):
+                        continue
+                    k = wk[rows] @ cat[b, j]
+                    r = wr[rows] @ sinusoid(min(dist, clamp_len) if clamp_len else dist, d)
+                    scores.append(((q + u[h]) @ k + (q + v[h]) @ r) / math.sqrt(Dh))
+                    values.append(wv[rows] @ cat[b, j])
+                p = torch.softmax(torch.stack(scores), 0)
+                vec[b, i, rows] = (p[:, None] * torch.stack(values)).sum(0)
+    return attn.layer_norm(x + attn.o_net(vec))
+
+
+@pytest.mark.parametrize(
+    ("P", "clamp_len", "same_length", "reset_row"),
+    [(0, 0, None, False), (5, 0, None, False), (5, 3, None, False), (5, 0, 4, False), (5, 0, None, True)],
+)
+def test_attention_layer_equals_a_naive_loop(P, clamp_len, same_length, reset_row):
+    torch.manual_seed(0)
+    attn = RelMultiHeadAttention(d_model=6, n_heads=2, d_head=3, dropout=0.0).double()
+    B, n = 2, 3
+    x, mem = torch.randn(B, n, 6, dtype=torch.double), torch.randn(B, P, 6, dtype=torch.double)
+    valid = torch.ones(B, P, dtype=torch.bool)
+    if reset_row:
+        valid[1, :3] = False  # row 1 lost its 3 oldest slots
+    u, v = torch.randn(2, 3, dtype=torch.double), torch.randn(2, 3, dtype=torch.double)
+    pos = sinusoid_positions(P + n, 6, clamp_len, dtype=torch.double)
+    out = attn(x, mem, valid, pos, u, v, same_length=same_length).out
+    torch.testing.assert_close(out, naive_attention(attn, x, mem, valid, u, v, clamp_len, same_length))
+
+
+def test_attention_layer_gradients_match_finite_differences():
+    torch.manual_seed(0)
+    attn = RelMultiHeadAttention(d_model=4, n_heads=2, d_head=2, dropout=0.0).double()
+    mem, valid = torch.randn(1, 3, 4, dtype=torch.double), torch.ones(1, 3, dtype=torch.bool)
+    pos = sinusoid_positions(5, 4, dtype=torch.double)
+    u = torch.randn(2, 2, dtype=torch.double, requires_grad=True)
+    x = torch.randn(1, 2, 4, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, u: attn(x, mem, valid, pos, u, u * 0.5).out, (x, u))
+
+
+@pytest.mark.parametrize(("mlen", "n", "mem_len"), [(0, 4, 6), (3, 4, 6), (6, 4, 6), (8, 4, 6), (2, 5, 3)])
+def test_same_length_mask_equals_the_code_construction_and_counts(mlen, n, mem_len):
+    klen = mlen + n
+    ones = torch.ones(n, klen)
+    mask_len = klen - mem_len
+    shift = n - mask_len if mask_len > 0 else n
+    code_masked = (torch.triu(ones, 1 + mlen) + torch.tril(ones, -shift)).bool()  # kimiyoung's mask
+    allowed = window_mask(torch.ones(1, 1, klen, dtype=torch.bool), n, same_length=mem_len)[0, 0]
+    if mem_len >= n:  # the code's construction is meant for mem_len >= tgt_len
+        assert torch.equal(allowed, ~code_masked)
+    counts = allowed.sum(-1)
+    assert counts.tolist() == [min(mem_len, mlen + i + 1) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------- memory
+@pytest.mark.parametrize("clamp_len", [0, 5])
+def test_segments_with_memory_equal_one_pass_over_the_stream_while_history_fits(clamp_len):
+    model = net(n_layers=3)
+    x = torch.randint(0, 30, (2, 12))
+    full = model(x, model.empty_memory(2), mem_len=12, clamp_len=clamp_len).hidden
+    memory, outs = model.empty_memory(2), []
+    for s in range(3):
+        out = model(x[:, 4 * s : 4 * s + 4], memory, mem_len=8, clamp_len=clamp_len)
+        memory = out.memory
+        outs.append(out.hidden)
+        assert memory["valid"].shape[1] == min(8, 4 * s + 4)
+    torch.testing.assert_close(torch.cat(outs, 1), full)
+
+
+def test_same_length_segments_equal_a_sliding_window_over_the_stream():
+    model = net()
+    x = torch.randint(0, 30, (2, 20))  # history longer than the memory
+    full = model(x, model.empty_memory(2), mem_len=6, same_length=True).hidden
+    memory, outs = model.empty_memory(2), []
+    for s in range(5):
+        out = model(x[:, 4 * s : 4 * s + 4], memory, mem_len=6, same_length=True)
+        memory, outs = out.memory, [*outs, out.hidden]
+    torch.testing.assert_close(torch.cat(outs, 1), full)
+
+
+def test_memory_holds_the_last_inputs_of_each_layer_and_rpe_has_none():
+    model = net()
+    x = torch.randint(0, 30, (2, 10))
+    captured = []
+    hooks = [layer.register_forward_pre_hook(lambda m, a: captured.append(a[0])) for layer in model.layers]
+    out = model(x[:, 5:], model(x[:, :5], model.empty_memory(2), mem_len=7).memory, mem_len=7)
+    for hook in hooks:
+        hook.remove()
+    for layer in range(2):  # inputs of the second segment at this layer, with the first segment's
+        expected = torch.cat([captured[layer], captured[2 + layer]], 1)[:, -7:]
+        torch.testing.assert_close(out.memory["hidden"][layer], expected)
+        assert not out.memory["hidden"][layer].requires_grad
+    # Transformer+RPE: no memory, each segment on its own
+    a = model(x[:, 5:], model(x[:, :5], model.empty_memory(2), mem_len=0).memory, mem_len=0)
+    assert a.memory["valid"].shape == (2, 0)
+    torch.testing.assert_close(a.hidden, model(x[:, 5:], model.empty_memory(2), mem_len=0).hidden)
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+def test_reset_row_behaves_like_a_fresh_row(same_length):
+    model = net()
+    x = torch.randint(0, 30, (3, 8))
+    memory = model(x[:, :4], model.empty_memory(3), mem_len=6).memory
+    memory = reset_memory_rows(memory, torch.tensor([False, True, False]))
+    out = model(x[:, 4:], memory, mem_len=6, same_length=same_length)
+    fresh = model(x[1:2, 4:], model.empty_memory(1), mem_len=6, same_length=same_length)
+    torch.testing.assert_close(out.hidden[1:2], fresh.hidden)
+    others = {"hidden": [h[::2] for h in memory["hidden"]], "valid": memory["valid"][::2]}
+    kept = model(x[::2, 4:], others, mem_len=6, same_length=same_length)
+    torch.testing.assert_close(out.hidden[::2], kept.hidden)
+
+
+# ---------------------------------------------------------------------------------- adaptive softmax
+@pytest.mark.parametrize(("div_val", "d_embed"), [(1, 12), (1, 8), (2, 12)])
+def test_adaptive_softmax_normalises_and_nll_reads_the_target(div_val, d_embed):
+    torch.manual_seed(0)
+    crit = ProjectedAdaptiveLogSoftmax(40, d_embed, 12, cutoffs=[10, 25], div_val=div_val).double()
+    for p in crit.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.5)
+    hidden = torch.randn(7, 12, dtype=torch.double)
+    logp = crit.log_prob(hidden)
+    torch.testing.assert_close(logp.exp().sum(-1), torch.ones(7, dtype=torch.double))
+    target = torch.tensor([0, 9, 10, 24, 25, 39, 3])  # every cluster, both ends
+    torch.testing.assert_close(crit(hidden, target), -logp.gather(1, target[:, None]).squeeze(1))
+    # the head holds the 10 shortlist words then one logit per tail cluster; tail i reads column -i
+    head = crit._logits(hidden, *crit._cluster_params(0)).log_softmax(-1)
+    assert head.shape == (7, 12)
+    tail = crit._logits(hidden, *crit._cluster_params(1)).log_softmax(-1)
+    torch.testing.assert_close(logp[:, 10:25], head[:, -1:] + tail)
+
+
+def test_adaptive_embedding_and_tying():
+    torch.manual_seed(0)
+    model = TransformerXL(40, 1, 12, 2, 16, d_embed=12, cutoffs=[10, 25], div_val=2, dropout=0.0).double()
+    emb, crit = model.word_emb, model.crit
+    x = torch.tensor([[0, 9, 10, 24, 25, 39]])
+    expected = []
+    for t in x[0].tolist():
+        i = 0 if t < 10 else 1 if t < 25 else 2
+        lo = [0, 10, 25][i]
+        expected.append(emb.emb_projs[i] @ emb.emb_layers[i].weight[t - lo] * math.sqrt(12))
+    torch.testing.assert_close(emb(x)[0], torch.stack(expected))
+    for i in range(3):
+        assert crit.out_layers[i].weight is emb.emb_layers[i].weight
+    assert crit.out_projs[0] is not emb.emb_projs[0]  # tie_projs default [False, True, True]
+    assert crit.out_projs[1] is emb.emb_projs[1] and crit.out_projs[2] is emb.emb_projs[2]
+
+
+def test_initialisation_follows_the_code():
+    torch.manual_seed(0)
+    model = TransformerXL(300, 4, 64, 4, 256, cutoffs=[100, 200], dropout=0.0)
+    ln = torch.cat([layer.attn.layer_norm.weight for layer in model.layers])
+    assert abs(ln.mean().item() - 1) < 0.01 and abs(ln.std().item() - 0.02) < 0.005
+    w = model.layers[0].ff.fc1.weight
+    assert abs(w.std().item() - 0.02) < 0.002 and model.layers[0].ff.fc1.bias.abs().max() == 0
+    assert abs(model.r_w_bias.std().item() - 0.02) < 0.01
+    assert model.crit.out_layers[0].bias.abs().max() == 0
+
+
+def xl_init_args(name: str) -> dict:
+    config = yaml.safe_load((CONFIGS / name).read_text())
+    args = dict(config["model"]["init_args"])
+    args.pop("optimizer", None)
+    args.pop("lr_scheduler", None)
+    return args
+
+
+def test_wt103_config_has_the_papers_151M_parameters():
+    with torch.device("meta"):
+        model = TransformerXLLM(vocab_size=267735, **xl_init_args("transformer_xl_wt103.yaml"))
+    assert sum(p.numel() for p in model.parameters()) == 151_107_538
+    assert model.net.crit.out_layers[0].weight is model.net.word_emb.emb_layers[0].weight
+
+
+# ---------------------------------------------------------------------------------- Lightning module
+def tiny(**kwargs) -> TransformerXLLM:
+    torch.manual_seed(0)
+    args = dict(vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, dropout=0.0, mem_len=16)
+    return TransformerXLLM(**{**args, **kwargs}, optimizer=partial(torch.optim.Adam, lr=1e-3))
+
+
+def trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=0,
+    )
+    return pl.Trainer(**{**defaults, **kwargs})
+
+
+def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
+    data = SyntheticData(n_tokens=1201, batch_size=3, seq_len=16, eval_batch_size=2)
+    model = tiny()
+    trainer(tmp_path, max_steps=3, limit_val_batches=0).fit(model, datamodule=data)
+    state = model.state_dict()
+
+    def validate(**knobs) -> dict[str, float]:
+        evaluated = tiny(**knobs)
+        evaluated.load_state_dict(state)
+        metrics = trainer(tmp_path).validate(evaluated, datamodule=data, verbose=False)[0]
+        return {k: float(v) for k, v in metrics.items()}
+
+    xl = validate()
+    rpe = validate(eval_mem_len=0)
+    trams_protocol = validate(protocol="trams")
+    selected = validate(eval_mem_len=32, trams_attended=16, trams_kept=8)
+    assert xl["val/tokens"] == 1200
+    # two rows of 600 targets = 37 full segments of 16 + 8 targets then padding: the TRAMS protocol
+    # drops the last target of each full segment (the last segment's last column is padding)
+    assert trams_protocol["val/tokens"] == 1200 - 2 * (600 // 16)
+    assert rpe["trams/mem_mass"] == 0 and xl["trams/mem_mass"] > 0
+    assert len({xl["val/loss"], rpe["val/loss"], trams_protocol["val/loss"], selected["val/loss"]}) == 4
+
+
+def test_trams_protocol_starts_from_attended_zero_memory_and_xl_from_empty():
+    model = tiny(eval_mem_len=12, protocol="trams").eval()
+    memory = model.init_memory(2)
+    assert memory["valid"].shape == (2, 12) and memory["valid"].all()
+    assert all(h.abs().max() == 0 for h in memory["hidden"])
+    assert model.train().init_memory(2)["valid"].shape == (2, 0)  # training: Transformer-XL's
+    assert tiny().eval().init_memory(2)["valid"].shape == (2, 0)
+    with pytest.raises(ValueError, match="trams_kept"):
+        tiny(trams_attended=8)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        tiny(trams_attended=20, trams_kept=4)
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_key_value_cache_equals_projecting_the_memory_again(pre_lnorm):
+    model = net(pre_lnorm=pre_lnorm)
+    x = torch.randint(0, 30, (2, 20))
+    plain, cached = model.zero_memory(2, 6), model.zero_memory(2, 6)
+    for s in range(5):
+        a = model(x[:, 4 * s : 4 * s + 4], plain, mem_len=6)
+        b = model(x[:, 4 * s : 4 * s + 4], cached, mem_len=6, cache_kv=True)
+        torch.testing.assert_close(b.hidden, a.hidden)
+        plain, cached = a.memory, b.memory
+        assert cached["key"][1].shape == (2, 2, 6, 8)
+        if s == 2:  # a reset drops the cache; the next segment projects the memory again
+            cached = reset_memory_rows(cached, torch.tensor([True, False]))
+            plain = reset_memory_rows(plain, torch.tensor([True, False]))
+            assert "key" not in cached
