@@ -9,8 +9,6 @@ and then never again (check with `TORCH_LOGS=recompiles`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 import torch
 
@@ -40,8 +38,7 @@ class CompileNetwork(pl.Callback):
             raise ValueError(
                 f"CompileNetwork: {type(pl_module).__name__} has no network attribute {self.attribute!r}"
             )
-        if isinstance(network, torch._dynamo.eval_frame.OptimizedModule):
-            return
-        compiled: Any = torch.compile(network, mode=self.mode, dynamic=self.dynamic, fullgraph=self.fullgraph)
-        # Compile the forward only: parameters and state-dict keys stay those of the plain network.
-        network.forward = compiled.forward
+        if getattr(network, "_compiled_call_impl", None) is not None:
+            return  # already compiled (a second fit/validate on the same module)
+        # `Module.compile` compiles in place: parameters and state-dict keys stay the plain network's.
+        network.compile(mode=self.mode, dynamic=self.dynamic, fullgraph=self.fullgraph)

@@ -159,3 +159,21 @@ def test_two_process_validation_equals_one_process(tmp_path):
     assert single["val/loss"] == pytest.approx(reference_eval_loss(model, data), rel=1e-6)
     assert ddp["val/loss"] == pytest.approx(single["val/loss"], rel=1e-6)
     assert ddp["val/tokens"] == single["val/tokens"] == 1002
+
+
+class WordCountedData(SyntheticData):
+    """Synthetic data whose evaluation split claims 500 words (as WikiText raw does)."""
+
+    def word_count(self, split: str) -> int:
+        return 500
+
+
+def test_word_perplexity_only_when_the_whole_split_was_scored(tmp_path):
+    pl.seed_everything(0)
+    model = CarryLM()
+    data = WordCountedData(n_tokens=1003, eval_batch_size=4, seq_len=16)
+    full = trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
+    nll_sum = full["val/loss"] * full["val/tokens"]
+    assert full["val/word_ppl"] == pytest.approx(math.exp(nll_sum / 500), rel=1e-5)
+    partial = trainer(tmp_path, limit_val_batches=2).validate(model, datamodule=data, verbose=False)[0]
+    assert "val/word_ppl" not in partial and partial["val/tokens"] < full["val/tokens"]

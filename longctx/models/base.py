@@ -77,6 +77,7 @@ class LMBase(pl.LightningModule):
         self.nll_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
         self.token_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
         self._batch_start_time: float | None = None
+        self._eval_batches: dict[str, int] = {"val": 0, "test": 0}
 
     # ------------------------------------------------------------------ method hooks
     def init_memory(self, batch_size: int) -> Memory:
@@ -127,6 +128,7 @@ class LMBase(pl.LightningModule):
 
     def _start_eval(self, stage: str) -> None:
         self._reset_memory(stage)
+        self._eval_batches[stage] = 0
         # Fresh metric states (also unshares tensors that a spawned process inherited).
         self.nll_sum[stage].reset()
         self.token_sum[stage].reset()
@@ -173,6 +175,7 @@ class LMBase(pl.LightningModule):
         mask = batch["mask"] if out.mask is None else out.mask
         self.nll_sum[stage].update((out.nll.double() * mask).sum())
         self.token_sum[stage].update(mask.sum().double())
+        self._eval_batches[stage] += 1
         self._log_step_logs(stage, out.logs)
 
     # ------------------------------------------------------------------ metrics and logging
@@ -212,9 +215,17 @@ class LMBase(pl.LightningModule):
             self.log(f"{stage}/word_ppl", torch.exp(nll / words).float(), sync_dist=False)
 
     def _word_count(self, stage: str) -> int | None:
-        """Word count of the evaluated split, for perplexity per word of a BPE model."""
+        """Word count of the evaluated split, for perplexity per word of a BPE model; None unless the
+        whole split was scored (with `limit_*_batches` the NLL covers only part of the words)."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is None or not hasattr(datamodule, "word_count"):
+            return None
+        loader = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
+        try:
+            complete = self._eval_batches[stage] == len(loader)
+        except TypeError:  # a loader without a length: cannot tell, do not guess
+            complete = False
+        if not complete:
             return None
         return datamodule.word_count("valid" if stage == "val" else "test")
 
