@@ -28,9 +28,10 @@ def test_sample_corpus_needs_no_network(tmp_path):
 
 
 @needs_shared
-def test_wikitext_smoke_splits_from_shared_data(tmp_path):
+@pytest.mark.parametrize("corpus", ["wikitext103", "wikitext2"])
+def test_wikitext_smoke_splits_from_shared_data(tmp_path, corpus):
     data = LMDataModule(
-        "wikitext103",
+        corpus,
         root=str(SHARED),
         cache_dir=str(tmp_path),
         download=False,
