@@ -518,3 +518,4 @@ def test_evaluate_overlaps_from_the_cli_on_real_wikitext_raw(tmp_path, monkeypat
     # 2 batches of 8 rows: the first windows score all 64 targets, later ones the last T − o.
     assert [r["test/tokens"] for r in rows] == [2 * 8 * 64, 8 * 64 + 8 * 48, 8 * 64 + 8 * 16]
     assert all(math.isfinite(r["test/ppl"]) for r in rows)
+    assert (Path(cli.trainer.default_root_dir) / "overlaps_test.png").stat().st_size > 0
