@@ -63,18 +63,8 @@ def validate(model: pl.LightningModule, data: pl.LightningDataModule, tmp_path, 
     return trainer.validate(model, datamodule=data, verbose=False)[0]
 
 
-SPAWN_LIMITATION = pytest.mark.xfail(
-    strict=True,
-    reason="ddp_spawn pickles the module and transformers 5's output-capturing hooks do not survive it "
-    "(hidden_states come back None in the child); launch GPT-2 runs with strategy ddp (torchrun/srun)",
-)
-
-
 @pytest.mark.ddp
-@pytest.mark.parametrize(
-    "method",
-    [pytest.param(m, marks=SPAWN_LIMITATION) if m == "recurrent_gpt2" else m for m in METHODS],
-)
+@pytest.mark.parametrize("method", list(METHODS))
 def test_two_process_validation_equals_one_process(tmp_path, method):
     build, data_class = METHODS[method]
     pl.seed_everything(0)

@@ -36,6 +36,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
+from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 from longctx.models.base import LMBase, StepOutput
 from longctx.nn.flops import hf_model_flops_per_scored_token
@@ -163,6 +164,26 @@ class RecurrentGPT2LM(LMBase):
     def _eval_overlap(self) -> int:
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         return int(getattr(datamodule, "eval_overlap", 0) or 0)
+
+    # ------------------------------------------------------------------ pickling (ddp_spawn)
+    def __getstate__(self) -> dict[str, Any]:
+        """transformers 5 records `hidden_states` with forward hooks that are local closures, installed
+        on the first forward: unpicklable. Drop them (the next forward installs them again)."""
+        for module in self.lm.modules():
+            for key, hook in list(module._forward_hooks.items()):
+                if getattr(hook, "__name__", "") == "output_capturing_hook":
+                    del module._forward_hooks[key]
+            if getattr(module, "_output_capturing_hooks_installed", False):
+                module._output_capturing_hooks_installed = False
+        return super().__getstate__()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # A spawned process has built no model of these classes: register what they can record (the
+        # registry is filled by PreTrainedModel.__init__, which unpickling skips).
+        for module in self.lm.modules():
+            if isinstance(module, PreTrainedModel):
+                _CAN_RECORD_REGISTRY[module] = module._can_record_outputs
 
     # ------------------------------------------------------------------ export
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
