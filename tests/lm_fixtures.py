@@ -88,3 +88,18 @@ def reference_eval_loss(model: CarryLM, data: SyntheticData) -> float:
             total += float((out.nll * batch["mask"]).sum())
             count += int(batch["mask"].sum())
     return total / count
+
+
+def cpu_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
+    """A quiet single-process CPU trainer (no logger, checkpoints, progress bar or summary); kwargs
+    override any default."""
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    return pl.Trainer(**{**defaults, **kwargs})

@@ -13,20 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from longctx.models.base import StepOutput
 from longctx.optim.schedules import WarmupCosine
-from tests.lm_fixtures import CarryLM, SyntheticData, reference_eval_loss
-
-
-def trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    return pl.Trainer(**{**defaults, **kwargs})
+from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer, reference_eval_loss
 
 
 def test_validation_loss_is_token_weighted_over_the_whole_split(tmp_path):
@@ -34,7 +21,7 @@ def test_validation_loss_is_token_weighted_over_the_whole_split(tmp_path):
     model, data = CarryLM(), SyntheticData(n_tokens=1000, eval_batch_size=3, seq_len=16)
     # 999 targets in 3 rows of 333: the last segment of each row is short, so batch means differ
     # in weight; only the token-weighted mean equals the reference.
-    result = trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
+    result = cpu_trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
     expected = reference_eval_loss(model, data)
     assert result["val/loss"] == pytest.approx(expected, rel=1e-5)
     assert result["val/bpc"] == pytest.approx(expected / math.log(2), rel=1e-5)
@@ -56,7 +43,9 @@ def test_training_memory_survives_mid_epoch_validation_and_resets_each_epoch(tmp
 
     model = Recording()
     data = SyntheticData(n_tokens=1000, batch_size=4, seq_len=25)  # 10 batches per epoch
-    trainer(tmp_path, max_epochs=2, val_check_interval=3, num_sanity_val_steps=1).fit(model, datamodule=data)
+    cpu_trainer(tmp_path, max_epochs=2, val_check_interval=3, num_sanity_val_steps=1).fit(
+        model, datamodule=data
+    )
     assert len(seen) == 20
     for i in range(1, len(seen)):
         epoch, memory = seen[i]
@@ -86,7 +75,7 @@ def test_extra_loss_is_added_to_the_training_loss(tmp_path):
     pl.seed_everything(0)
     model = Penalised()
     data = SyntheticData()
-    t = trainer(tmp_path, max_steps=1)
+    t = cpu_trainer(tmp_path, max_steps=1)
     t.fit(model, datamodule=data)
     # train/loss logs the NLL alone; the optimised loss includes the penalty.
     assert float(t.callback_metrics["train/loss"]) < 5.0
@@ -116,7 +105,7 @@ def _fit(tmp_path: Path, record: Path, ckpt_path: str | None = None, **kwargs) -
     callback = ModelCheckpoint(
         dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=5, save_top_k=-1
     )
-    t = trainer(tmp_path, callbacks=[callback], enable_checkpointing=True, **kwargs)
+    t = cpu_trainer(tmp_path, callbacks=[callback], enable_checkpointing=True, **kwargs)
     t.fit(model, datamodule=data, ckpt_path=ckpt_path)
     return model
 
@@ -152,10 +141,10 @@ def test_two_process_validation_equals_one_process(tmp_path):
     pl.seed_everything(0)
     model = CarryLM()
     data = SyntheticData(n_tokens=1003, eval_batch_size=4, seq_len=16)
-    single = trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
-    ddp = trainer(tmp_path, devices=2, strategy="ddp_spawn").validate(model, datamodule=data, verbose=False)[
-        0
-    ]
+    single = cpu_trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
+    ddp = cpu_trainer(tmp_path, devices=2, strategy="ddp_spawn").validate(
+        model, datamodule=data, verbose=False
+    )[0]
     assert single["val/loss"] == pytest.approx(reference_eval_loss(model, data), rel=1e-6)
     assert ddp["val/loss"] == pytest.approx(single["val/loss"], rel=1e-6)
     assert ddp["val/tokens"] == single["val/tokens"] == 1002
@@ -172,8 +161,8 @@ def test_word_perplexity_only_when_the_whole_split_was_scored(tmp_path):
     pl.seed_everything(0)
     model = CarryLM()
     data = WordCountedData(n_tokens=1003, eval_batch_size=4, seq_len=16)
-    full = trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
+    full = cpu_trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
     nll_sum = full["val/loss"] * full["val/tokens"]
     assert full["val/word_ppl"] == pytest.approx(math.exp(nll_sum / 500), rel=1e-5)
-    partial = trainer(tmp_path, limit_val_batches=2).validate(model, datamodule=data, verbose=False)[0]
+    partial = cpu_trainer(tmp_path, limit_val_batches=2).validate(model, datamodule=data, verbose=False)[0]
     assert "val/word_ppl" not in partial and partial["val/tokens"] < full["val/tokens"]

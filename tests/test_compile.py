@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 
 from longctx.callbacks import CompileNetwork
 from longctx.models.transformer_xl import TransformerXLLM
-from tests.lm_fixtures import SyntheticData
+from tests.lm_fixtures import SyntheticData, cpu_trainer
 
 
 class GraphCounter(pl.Callback):
@@ -34,17 +34,7 @@ def test_no_recompilation_once_memory_is_carried(tmp_path):
     lm = TransformerXLLM(vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, mem_len=16)
     keys = set(lm.state_dict())
     graphs = GraphCounter()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_steps=8,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=[CompileNetwork(), graphs],
-    )
+    trainer = cpu_trainer(tmp_path, max_steps=8, limit_val_batches=0, callbacks=[CompileNetwork(), graphs])
     trainer.fit(lm, datamodule=SyntheticData(seq_len=16))
     assert graphs.graphs[-1] > 0  # the network did run compiled
     assert graphs.graphs[3] == graphs.graphs[-1], graphs.graphs  # steps 4..8 reuse the graphs

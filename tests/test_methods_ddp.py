@@ -10,7 +10,7 @@ from longctx.data.streams import SegmentStream
 from longctx.models.adaptive_span import AdaptiveSpanLM
 from longctx.models.recurrent_gpt2 import RecurrentGPT2LM
 from longctx.models.transformer_xl import TransformerXLLM
-from tests.lm_fixtures import SyntheticData
+from tests.lm_fixtures import SyntheticData, cpu_trainer
 
 
 class WindowData(SyntheticData):
@@ -51,16 +51,7 @@ METHODS = {
 
 
 def validate(model: pl.LightningModule, data: pl.LightningDataModule, tmp_path, **kwargs) -> dict[str, float]:
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        **kwargs,
-    )
-    return trainer.validate(model, datamodule=data, verbose=False)[0]
+    return cpu_trainer(tmp_path, **kwargs).validate(model, datamodule=data, verbose=False)[0]
 
 
 @pytest.mark.ddp

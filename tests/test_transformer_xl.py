@@ -9,7 +9,6 @@ import math
 from functools import partial
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
@@ -19,7 +18,7 @@ from longctx.nn.adaptive_softmax import ProjectedAdaptiveLogSoftmax
 from longctx.nn.relative_attention import RelMultiHeadAttention, rel_shift, sinusoid_positions, window_mask
 from longctx.nn.transformer_xl import TransformerXL
 from longctx.nn.xl_memory import reset_memory_rows
-from tests.lm_fixtures import SyntheticData
+from tests.lm_fixtures import SyntheticData, cpu_trainer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -259,30 +258,16 @@ def tiny(**kwargs) -> TransformerXLLM:
     return TransformerXLLM(**{**args, **kwargs}, optimizer=partial(torch.optim.Adam, lr=1e-3))
 
 
-def trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        num_sanity_val_steps=0,
-    )
-    return pl.Trainer(**{**defaults, **kwargs})
-
-
 def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
     data = SyntheticData(n_tokens=1201, batch_size=3, seq_len=16, eval_batch_size=2)
     model = tiny()
-    trainer(tmp_path, max_steps=3, limit_val_batches=0).fit(model, datamodule=data)
+    cpu_trainer(tmp_path, max_steps=3, limit_val_batches=0).fit(model, datamodule=data)
     state = model.state_dict()
 
     def validate(**knobs) -> dict[str, float]:
         evaluated = tiny(**knobs)
         evaluated.load_state_dict(state)
-        metrics = trainer(tmp_path).validate(evaluated, datamodule=data, verbose=False)[0]
+        metrics = cpu_trainer(tmp_path).validate(evaluated, datamodule=data, verbose=False)[0]
         return {k: float(v) for k, v in metrics.items()}
 
     xl = validate()
