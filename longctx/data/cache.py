@@ -59,7 +59,7 @@ from longctx.data.tokenize import (
 )
 
 FORMAT_VERSION = 1
-SPLITS = ("train", "valid", "test")
+SPLITS = ("train", "valid", "test")  # the splits every corpus provides, in this order
 SAMPLE_FILE = Path(__file__).parent / "sample" / "theophrastus_such.txt.gz"
 SAMPLE_EVAL_FRACTION = 0.05
 GPT2_VOCAB_SIZE = 50_257
@@ -91,6 +91,10 @@ class CorpusSpec:
     @property
     def corpus(self) -> Corpus:
         return get_corpus(self.name)
+
+    def url(self, canonical: str, mirror_path: str) -> str:
+        """`canonical`, or `<mirror>/<mirror_path>` when a mirror is set."""
+        return f"{self.mirror.rstrip('/')}/{mirror_path}" if self.mirror else canonical
 
     def source(self, split: str) -> str:
         return (self.split_sources or {}).get(split, split)
@@ -220,7 +224,7 @@ def ensure_member(spec: CorpusSpec, name: str) -> Path:
     archive = corpus.archive
     if archive is None:
         raise DataError(f"{spec.name}: {name} is not part of the corpus")
-    url = f"{spec.mirror.rstrip('/')}/{archive.filename}" if spec.mirror else archive.url
+    url = spec.url(archive.url, archive.filename)
     if not spec.download:
         expected = ", ".join(m.name for m in archive.members)
         raise DataError(
@@ -264,7 +268,7 @@ def load_tokenizer(spec: CorpusSpec) -> Tokenizer:
                     f"are off; copy them there from {GPT2_BASE}, or point data.tokenizer at a folder "
                     "with vocab.json and merges.txt"
                 )
-            base = f"{spec.mirror.rstrip('/')}/gpt2" if spec.mirror else GPT2_BASE
+            base = spec.url(GPT2_BASE, "gpt2")
             for name, checksum in GPT2_FILES.items():
                 fetch(f"{base}/{name}", folder / name, checksum=checksum, what=f"gpt2 {name}")
             files = gpt2_files(folder)
@@ -322,7 +326,9 @@ def _tokenize_contiguous(spec: CorpusSpec, path: Path) -> dict:
 def _tokenize_words(spec: CorpusSpec, path: Path) -> dict:
     """WikiText word level: the Transformer-XL vocabulary and ids."""
     corpus = spec.corpus
-    files = {split: ensure_member(spec, corpus.splits[spec.source(split)]) for split in SPLITS}
+    sources = {spec.source(split) for split in SPLITS}
+    source_files = {source: ensure_member(spec, corpus.splits[source]) for source in sorted(sources)}
+    files = {split: source_files[spec.source(split)] for split in SPLITS}
     vocab_files = list(dict.fromkeys(files[s] for s in corpus.vocab_splits))
     vocab = WordVocab.build(vocab_files)
     if spec.split_sources is None and corpus.vocab_size and len(vocab) != corpus.vocab_size:
@@ -332,9 +338,10 @@ def _tokenize_words(spec: CorpusSpec, path: Path) -> dict:
         )
     with atomic_path(path / "vocab.txt") as tmp:
         vocab.save(tmp)
+    ids = {source: vocab.encode_file(file) for source, file in source_files.items()}
     splits = {}
     for split in SPLITS:
-        tokens = vocab.encode_file(files[split])
+        tokens = ids[spec.source(split)]
         _save(path / f"{split}.npy", tokens)
         splits[split] = _split_info(tokens)
     return {"vocab_size": len(vocab), "splits": splits}
@@ -344,14 +351,17 @@ def _tokenize_bpe_files(spec: CorpusSpec, path: Path) -> dict:
     """WikiText-103 raw in GPT-2 BPE, with the word counts of each split."""
     corpus = spec.corpus
     tokenizer = load_tokenizer(spec)
+    encoded: dict[str, tuple[np.ndarray, dict[str, int]]] = {}  # each source file read once
     splits = {}
     for split in SPLITS:
-        file = ensure_member(spec, corpus.splits[spec.source(split)])
-        with open_maybe_gz(file) as f:
-            text = f.read().decode("utf-8")
-        tokens = encode_bpe(tokenizer, text)
+        source = spec.source(split)
+        if source not in encoded:
+            with open_maybe_gz(ensure_member(spec, corpus.splits[source])) as f:
+                text = f.read().decode("utf-8")
+            encoded[source] = (encode_bpe(tokenizer, text), count_words(text))
+        tokens, n_words = encoded[source]
         _save(path / f"{split}.npy", tokens)
-        splits[split] = _split_info(tokens, n_words=count_words(file))
+        splits[split] = _split_info(tokens, n_words=n_words)
     return {"vocab_size": tokenizer.get_vocab_size(), "splits": splits}
 
 
@@ -359,8 +369,8 @@ def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
     """PG-19: book by book, streamed to disk; offsets of the books kept per split."""
     tokenizer = load_tokenizer(spec)
     dtype = smallest_uint(tokenizer.get_vocab_size() - 1)
-    bucket = f"{spec.mirror.rstrip('/')}/pg19" if spec.mirror else PG19_BUCKET
-    listing = f"{spec.mirror.rstrip('/')}/pg19-listing" if spec.mirror else PG19_LISTING
+    bucket = spec.url(PG19_BUCKET, "pg19")
+    listing = spec.url(PG19_LISTING, "pg19-listing")
     splits = {}
     for split in SPLITS:
         source = spec.source(split)

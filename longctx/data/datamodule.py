@@ -15,11 +15,9 @@ from typing import Literal
 
 import lightning.pytorch as pl
 
-from longctx.data.cache import CorpusSpec, TokenizedCorpus, load_corpus, prepare_corpus, vocab_size_of
+from longctx.data.cache import SPLITS, CorpusSpec, TokenizedCorpus, load_corpus, prepare_corpus, vocab_size_of
 from longctx.data.corpora import get_corpus
 from longctx.data.streams import SegmentStream
-
-SPLITS = ("train", "valid", "test")
 
 
 def default_root() -> Path:

@@ -116,11 +116,12 @@ class WordVocab:
         return cls(path.read_text(encoding="utf-8").split("\n")[:-1])
 
 
-def count_words(path: Path) -> dict[str, int]:
+def count_words(text: str) -> dict[str, int]:
     """Words of a raw text under both conventions: whitespace tokens, and those plus one per line
-    (the count Transformer-XL's word-level files give, used for perplexity per word)."""
+    (the count Transformer-XL's word-level files give, used for perplexity per word). Lines are
+    split as `read_lines` splits them (universal newlines)."""
     words = lines = 0
-    for line in read_lines(path):
+    for line in io.StringIO(text, newline=None):
         words += len(line.split())
         lines += 1
     return {"whitespace": words, "whitespace_eos": words + lines}
