@@ -4,7 +4,9 @@
 its device. Memories change shape only at the first segment (empty -> full Transformer-XL memory)
 or when a learned span crosses a 64-position trimming step (Adaptive Span): `dynamic=None` lets
 Dynamo mark such a dimension dynamic after its first change, so a run recompiles a handful of times
-and then never again (check with `TORCH_LOGS=recompiles`).
+and then never again (check with `TORCH_LOGS=recompiles`). Tested on CPU for Transformer-XL
+(tests/test_compile.py); Adaptive Span's compiled backward failed on CPU inductor in a tiny
+configuration ("Cannot access data pointer of Storage that is invalid"), and GPUs are untested.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import Logger
 import longctx.models.adaptive_span as adaptive_span_module
 from longctx.models.adaptive_span import SPAN_FIGURE, AdaptiveSpanLM
 from longctx.optim.adagrad import ClippedAdagrad
-from tests.lm_fixtures import SyntheticData
+from tests.lm_fixtures import SyntheticData, cpu_trainer
 
 S, H, N_LAYERS = 64, 2, 2
 
@@ -52,14 +52,9 @@ def z_ratios(model: AdaptiveSpanLM) -> torch.Tensor:
 
 
 def fit(model: AdaptiveSpanLM, tmp_path: Path, callbacks=(), logger=False, **kwargs) -> pl.Trainer:
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
+    trainer = cpu_trainer(
+        tmp_path,
         logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
         log_every_n_steps=1,
         num_sanity_val_steps=0,
         limit_val_batches=0,
