@@ -17,7 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.data.streams import SegmentStream
+from longctx.models.adaptive_span import AdaptiveSpanLM
 from longctx.models.base import LMBase, StepOutput
+from longctx.models.recurrent_gpt2 import RecurrentGPT2LM
+from longctx.models.transformer_xl import TransformerXLLM
 
 
 class CarryLM(LMBase):
@@ -48,7 +51,13 @@ class CarryLM(LMBase):
         if self.record_dir is not None:
             path = Path(self.record_dir) / f"rank{self.global_rank}.jsonl"
             with path.open("a") as f:
-                f.write(json.dumps({"step": self.global_step, "first": batch["input"][:, 0].tolist()}) + "\n")
+                # A draw from the global generator stands for dropout: a resumed run must draw the same.
+                record = {
+                    "step": self.global_step,
+                    "first": batch["input"][:, 0].tolist(),
+                    "draw": torch.rand(()).item(),
+                }
+                f.write(json.dumps(record) + "\n")
         return super().training_step(batch, batch_idx)
 
 
@@ -74,6 +83,49 @@ class SyntheticData(pl.LightningDataModule):
 
     def val_dataloader(self) -> SegmentStream:
         return self._stream(self.eval_batch_size, pad=True)
+
+
+class WindowData(SyntheticData):
+    """The same synthetic tokens in window mode (T = 16, overlap 4, one window per batch)."""
+
+    def _stream(self, batch_size: int, pad: bool) -> SegmentStream:
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        return SegmentStream(
+            self.tokens,
+            batch_size,
+            self.seq_len,
+            overlap=4,
+            windows_per_batch=1,
+            pad=pad,
+            rank=rank,
+            world_size=world,
+        )
+
+
+# Each method at its smallest: (model factory, data module class).
+TINY_METHODS = {
+    "adaptive_span": (
+        lambda **kw: AdaptiveSpanLM(
+            vocab_size=64, d_model=16, n_layers=2, n_heads=2, d_inner=32, attn_span=32, **kw
+        ),
+        SyntheticData,
+    ),
+    "transformer_xl": (
+        lambda **kw: TransformerXLLM(
+            vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, mem_len=16, **kw
+        ),
+        SyntheticData,
+    ),
+    "recurrent_gpt2": (
+        lambda **kw: RecurrentGPT2LM(
+            vocab_size=64,
+            gpt2_config={"n_layer": 3, "n_embd": 16, "n_head": 2, "n_positions": 32},
+            insert_layer=1,
+            **kw,
+        ),
+        WindowData,
+    ),
+}
 
 
 def reference_eval_loss(model: CarryLM, data: SyntheticData) -> float:

@@ -9,7 +9,9 @@ and a memory into per-token losses:
   `{stage}/ppl`, `{stage}/word_ppl`, and `throughput/*`;
 - the memory lifecycle: one memory per stage, fresh at every epoch start, detached after every
   training step, so a validation in the middle of an epoch never disturbs the training memory;
-- the optimizer wiring: `optimizer` / `lr_scheduler` callables from the config.
+- the optimizer wiring: `optimizer` / `lr_scheduler` callables from the config;
+- the RNG state of every rank in each checkpoint, so a resumed run draws the dropout masks the
+  uninterrupted run would have drawn (the carried memory is not saved: it restarts empty).
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils._pytree import tree_map
 from torchmetrics import SumMetric
 
+from longctx.models import rng_state
+
 Memory = Any
 STAGES = ("train", "val", "test")
+RNG_KEY = "rng_states"
 
 
 @dataclass
@@ -247,3 +253,20 @@ class LMBase(pl.LightningModule):
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RNG_KEY] = rng_state.gather_all_ranks()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get(RNG_KEY)
+        if states is None or self._trainer is None:  # `load_from_checkpoint` leaves the RNG alone
+            return
+        if len(states) != self.trainer.world_size:
+            rank_zero_warn(
+                f"the checkpoint holds the RNG state of {len(states)} ranks but this run has "
+                f"{self.trainer.world_size}: RNG state not restored (dropout masks will differ from an "
+                "uninterrupted run)"
+            )
+            return
+        rng_state.restore(states[self.trainer.global_rank])

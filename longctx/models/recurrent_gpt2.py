@@ -108,7 +108,8 @@ class RecurrentGPT2LM(LMBase):
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
-        self.save_hyperparameters()
+        # The optimizer and schedule are callables (not checkpoint-safe); the CLI logs them with the config.
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.lm = build_lm(pretrained, gpt2_config, vocab_size, attn_implementation)
         self.recurrence = (
             WindowRecurrence(
@@ -187,6 +188,7 @@ class RecurrentGPT2LM(LMBase):
 
     # ------------------------------------------------------------------ export
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         # The LM's full config, so `export` rebuilds it without the hub or the original directory.
         checkpoint[HF_CONFIG_KEY] = self.lm.config.to_dict()
 
