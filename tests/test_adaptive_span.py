@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from longctx.nn.adaptive_span import AdaptiveMask, DynamicSpan, attended_length
-from longctx.nn.span_attention import SpanAttention, band_attention
+from longctx.nn.span_attention import SpanAttention, band_attention, key_windows
 from longctx.nn.span_flops import flops_per_token, parameter_count
 from longctx.nn.span_transformer import SpanTransformer
 from longctx.optim.adagrad import ClippedAdagrad
@@ -106,6 +106,17 @@ def reference_attention(q, k, v, key_pe, mask):
             p = p / (p.sum(-1, keepdim=True) + 1e-8)
         out[:, :, i] = torch.einsum("bhl,bhld->bhd", p, values)
     return out
+
+
+@pytest.mark.parametrize("L,c,n", [(5, 13, 1), (13, 5, 1), (5, 5, 3), (3, 7, 4), (0, 4, 2)])
+def test_key_windows_equal_unfold_and_pass_gradients_back(L, c, n):
+    x = torch.randn(2, 3, L + n * c, 4, dtype=torch.double, requires_grad=True)
+    windows = key_windows(x, L, c)
+    torch.testing.assert_close(windows, x.unfold(2, L + c, c).transpose(-1, -2))
+    weights = torch.randn_like(windows)
+    (grad,) = torch.autograd.grad((windows * weights).sum(), x)
+    (expected,) = torch.autograd.grad((x.unfold(2, L + c, c).transpose(-1, -2) * weights).sum(), x)
+    torch.testing.assert_close(grad, expected)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 7, 64])

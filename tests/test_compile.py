@@ -1,5 +1,6 @@
-"""`CompileNetwork`: torch.compile of a method's network compiles during the first steps only, then
-never again as memories are carried (Adaptive Span's trimmed caches, Transformer-XL's memory)."""
+"""`CompileNetwork`: torch.compile of each method's network compiles during the first steps and the
+first validation only, then never again as memories are carried (Adaptive Span's span cache,
+Transformer-XL's memory, the recurrent GPT-2's h_prev), and computes what the eager network does."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from longctx.callbacks import CompileNetwork
-from longctx.models.transformer_xl import TransformerXLLM
-from tests.lm_fixtures import SyntheticData, cpu_trainer
+from tests.lm_fixtures import TINY_METHODS, cpu_trainer
 
 
 class GraphCounter(pl.Callback):
@@ -23,19 +23,36 @@ class GraphCounter(pl.Callback):
         self.graphs.append(int(counters["stats"]["unique_graphs"]))
 
 
+def _val_loss(model: pl.LightningModule, data: pl.LightningDataModule, tmp_path) -> float:
+    trainer = cpu_trainer(tmp_path, limit_val_batches=4)
+    return trainer.validate(model, datamodule=data, verbose=False)[0]["val/loss"]
+
+
 @pytest.mark.slow
-def test_no_recompilation_once_memory_is_carried(tmp_path):
-    """Transformer-XL: the memory grows from empty to mem_len once, then keeps its shape. (Adaptive
-    Span compiles too, see `python -m longctx fit ... --trainer.callbacks+=longctx.callbacks.CompileNetwork`,
-    but CPU inductor aborted natively on this tiny in-process configuration; GPU is untested here.)"""
+@pytest.mark.parametrize("method", list(TINY_METHODS))
+def test_compiles_during_warm_up_only_and_matches_eager(tmp_path, method):
     torch._dynamo.reset()
     counters.clear()
+    build, data_class = TINY_METHODS[method]
     pl.seed_everything(0)
-    lm = TransformerXLLM(vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, mem_len=16)
+    lm = build()
     keys = set(lm.state_dict())
     graphs = GraphCounter()
-    trainer = cpu_trainer(tmp_path, max_steps=8, limit_val_batches=0, callbacks=[CompileNetwork(), graphs])
-    trainer.fit(lm, datamodule=SyntheticData(seq_len=16))
+    data = data_class(seq_len=16)
+    trainer = cpu_trainer(
+        tmp_path,
+        max_steps=12,
+        val_check_interval=4,
+        limit_val_batches=2,
+        callbacks=[CompileNetwork(), graphs],
+    )
+    trainer.fit(lm, datamodule=data)
     assert graphs.graphs[-1] > 0  # the network did run compiled
-    assert graphs.graphs[3] == graphs.graphs[-1], graphs.graphs  # steps 4..8 reuse the graphs
+    # Warm-up: first segments (memory from empty/zero to carried) and the first validation (eval
+    # graphs); then steps 6..12 and two more validations reuse the graphs.
+    assert graphs.graphs[4] == graphs.graphs[-1], graphs.graphs
     assert set(lm.state_dict()) == keys  # checkpoints stay loadable without compile
+
+    eager = build()
+    eager.load_state_dict(lm.state_dict())
+    assert _val_loss(lm, data, tmp_path) == pytest.approx(_val_loss(eager, data, tmp_path), rel=1e-5)

@@ -63,6 +63,8 @@ def detach_memory(memory: Memory) -> Memory:
 class LMBase(pl.LightningModule):
     """Shared base of the language-model modules (see docs/architecture.md for the contract)."""
 
+    network_attribute = "net"  # the attribute holding the network (what `CompileNetwork` compiles)
+
     def __init__(
         self,
         vocab_size: int = 0,

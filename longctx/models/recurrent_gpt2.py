@@ -90,6 +90,8 @@ class RecurrentGPT2LM(LMBase):
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam, 100 warm-up steps).
     """
 
+    network_attribute = "lm"  # the GPT-2; the recurrence runs inside its attention
+
     def __init__(
         self,
         vocab_size: int = 0,

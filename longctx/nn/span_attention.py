@@ -41,6 +41,23 @@ def skew(x: Tensor) -> Tensor:
     return x[..., : c * (L + c)].view(*x.shape[:-1], c, L + c)
 
 
+def key_windows(x: Tensor, L: int, c: int) -> Tensor:
+    """(B, H, L + n·c, Dh) -> (B, H, n, L + c, Dh): window j holds rows j·c .. j·c + L + c - 1.
+
+    What `x.unfold(2, L + c, c)` gives, built from views and one `cat` instead: inductor's backward
+    of `unfold` with overlapping windows writes out of bounds on CPU (torch 2.13, heap corruption;
+    pytorch/pytorch#171370), and this form is also a little faster in eager. With several chunks
+    c >= L (see `band_attention`), so window j is block j followed by the first L rows of block j + 1.
+    """
+    n = (x.shape[2] - L) // c
+    if n == 1:
+        return x[:, :, None]
+    if c < L:
+        raise ValueError(f"several chunks need c >= L, got c={c}, L={L}")
+    blocks = F.pad(x, (0, 0, 0, c - L)).view(*x.shape[:2], n + 1, c, x.shape[-1])  # (B, H, n + 1, c, Dh)
+    return torch.cat([blocks[:, :, :n], blocks[:, :, 1:, :L]], dim=3)
+
+
 def band_attention(
     q: Tensor,
     k: Tensor,
@@ -64,9 +81,9 @@ def band_attention(
     if pad:  # padded queries see only real keys before them and are dropped at the end
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
     q = q.view(B, H, n, c, Dh)
-    k = k.unfold(2, L + c, c)  # (B, H, n, Dh, L + c): chunk j reads keys j·c .. j·c + L + c - 1
-    v = v.unfold(2, L + c, c).transpose(-1, -2)  # (B, H, n, L + c, Dh)
-    content = unskew(q @ k)  # (B, H, n, c, L)
+    k = key_windows(k, L, c)  # (B, H, n, L + c, Dh): chunk j reads keys j·c .. j·c + L + c - 1
+    v = key_windows(v, L, c)  # (B, H, n, L + c, Dh)
+    content = unskew(q @ k.transpose(-1, -2))  # (B, H, n, c, L)
     position = q @ key_pe  # (B, H, n, c, L)
     logits = content + position  # (B, H, n, c, L); the softmax runs in float32 at least (bf16 autocast)
     probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / math.sqrt(Dh), dim=-1)
