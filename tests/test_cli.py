@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
+import wandb
 import yaml
 
 from longctx.cli import LongCtxCLI, ensure_wandb_mode, main, run_name_from_env
@@ -141,3 +144,39 @@ def test_checkpoint_names_with_metric_slashes_are_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="auto_insert_metric_name"):
         main(quick_args(tmp_path, "--config", str(bad)))
+
+
+def test_wandb_run_gets_config_git_revision_stable_metric_names_and_min_summaries(tmp_path, monkeypatch):
+    """What a dashboard reads, from the local W&B run of a tiny offline fit."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb.finish()  # earlier tests' disabled run and settings would be reused
+    wandb.teardown()
+    args = quick_args(tmp_path, "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "1")
+    cli = LongCtxCLI(args=args, parser_kwargs={"parser_mode": "yaml"})
+    run = cli.trainer.logger.experiment
+    assert run.settings.mode == "offline"
+    try:
+        config, summary = dict(run.config), run.summary._as_dict()
+    finally:
+        wandb.finish()
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert config["git_revision"].startswith(head.stdout.strip())
+    resolved = json.loads(config["cli"])  # the full resolved config, overrides included
+    assert (
+        resolved["model"]["class_path"].endswith("AdaptiveSpanLM") and resolved["trainer"]["max_steps"] == 6
+    )
+    metrics = {
+        name for name in summary if not name.startswith("_") and name not in ("epoch", "trainer/global_step")
+    }
+    prefixes = ("train/", "val/", "test/", "span/", "trams/", "throughput/")
+    assert metrics and all(name.startswith(prefixes) for name in metrics), sorted(metrics)
+    assert {
+        "train/loss",
+        "train/bpc",
+        "val/loss",
+        "val/bpc",
+        "span/avg",
+        "throughput/train_tokens_per_s",
+    } <= metrics
+    assert set(summary["val/bpc"]) == {"min"} and set(summary["val/loss"]) == {"min"}  # best, not last
