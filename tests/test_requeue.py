@@ -1,10 +1,11 @@
 """SLURM requeue without a cluster: SIGUSR1 -> hpc checkpoint + `scontrol requeue` -> exact resume.
 
-The job is the real CLI (`python -m longctx fit`) in a subprocess with SLURM's environment variables
-and a fake `scontrol` on PATH. A callback sends the process SIGUSR1 after a given step (as SLURM does
-90 s before the time limit) and then stops, as the job would be killed. The second run is the
-requeued job: same environment, no `--ckpt_path`; it must continue at the next step and the next
-segment of every stream, which the model records batch by batch.
+The job is the real CLI (`python -m longctx fit`) with SLURM's environment variables and a fake
+`scontrol` on PATH, as one process or as two DDP ranks started by a fake `srun`. A callback sends
+every rank SIGUSR1 after a given step (as SLURM does 90 s before the time limit) and then stops, as
+the job would be killed. The second run is the requeued job: same environment, no `--ckpt_path`; it
+must continue at the next step, the next segment of every stream of every rank, and the same random
+draws, which the model records batch by batch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+
+from tests.fake_slurm import free_port, install_fake_srun
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,9 +37,10 @@ class SignalAfterStep(pl.Callback):
             trainer.should_stop = True
 
 
-def _run(tmp_path: Path, env: dict[str, str], *extra: str) -> None:
+def _run(tmp_path: Path, env: dict[str, str], ntasks: int, *extra: str) -> None:
+    launcher = ["srun"] if ntasks > 1 else []
     args = [
-        sys.executable, "-m", "longctx", "fit",
+        *launcher, sys.executable, "-m", "longctx", "fit",
         "--model", "tests.lm_fixtures.CarryLM",
         "--model.init_args.record_dir", str(tmp_path / "record"),
         "--data.corpus", "sample", "--data.batch_size", "4", "--data.tgt_len", "64",
@@ -44,17 +48,26 @@ def _run(tmp_path: Path, env: dict[str, str], *extra: str) -> None:
         "--trainer.default_root_dir", str(tmp_path / "runs"),
         "--trainer.max_steps", "24", "--trainer.limit_val_batches", "0",
         "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-        "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+        "--trainer.accelerator", "cpu", "--trainer.devices", str(ntasks),
+        "--trainer.strategy", "ddp" if ntasks > 1 else "auto",
         *extra,
     ]  # fmt: skip
+    env = {**env, "MASTER_PORT": str(free_port())}
     result = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    logs = "".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("rank*.log")))
+    assert result.returncode == 0, result.stderr[-3000:] + logs
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.slow
-def test_sigusr1_checkpoints_requeues_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("ntasks", [1, pytest.param(2, marks=pytest.mark.ddp)])
+def test_sigusr1_checkpoints_requeues_and_resumes_exactly(tmp_path, ntasks):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    install_fake_srun(bin_dir)
     (tmp_path / "record").mkdir()
     requeued = tmp_path / "requeued"
     scontrol = bin_dir / "scontrol"
@@ -65,25 +78,31 @@ def test_sigusr1_checkpoints_requeues_and_resumes_exactly(tmp_path):
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "PYTHONPATH": str(REPO),
         "WANDB_MODE": "disabled",
-        "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "longctx",
+        "SRUN_LOG_DIR": str(tmp_path),
+        "SLURM_NTASKS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(ntasks), "SLURM_NNODES": "1",
+        "SLURM_JOB_NAME": "longctx",
         "SLURM_JOB_ID": "4242", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2",
         "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "127.0.0.1",
     }  # fmt: skip
     _run(
         tmp_path,
         env,
+        ntasks,
         "--trainer.callbacks+=tests.test_requeue.SignalAfterStep",
         "--trainer.callbacks.step=10",
     )
     run_dir = tmp_path / "runs" / "slurm-4240_2"
     assert requeued.read_text().split() == ["requeue", "4240_2"]
     assert (run_dir / "hpc_ckpt_1.ckpt").exists()
-    _run(tmp_path, env)  # the requeued job: same task id, no --ckpt_path
+    _run(tmp_path, env, ntasks)  # the requeued job: same task id, no --ckpt_path
 
     # Reference: the same 24 steps without interruption, in another run directory.
     (tmp_path / "record").rename(tmp_path / "interrupted")
     (tmp_path / "record").mkdir()
-    _run(tmp_path, {**env, "SLURM_ARRAY_TASK_ID": "3"})
-    read = lambda d: [json.loads(line) for line in (tmp_path / d / "rank0.jsonl").read_text().splitlines()]  # noqa: E731
-    assert read("interrupted") == read("record")
-    assert [r["step"] for r in read("interrupted")] == list(range(24))
+    _run(tmp_path, {**env, "SLURM_ARRAY_TASK_ID": "3"}, ntasks)
+    for rank in range(ntasks):
+        interrupted, reference = (
+            _records(tmp_path / d / f"rank{rank}.jsonl") for d in ("interrupted", "record")
+        )
+        assert interrupted == reference
+        assert [r["step"] for r in interrupted] == list(range(24))

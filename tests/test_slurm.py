@@ -8,8 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from longctx.sweep import run_lines, task_arguments
+from tests.fake_slurm import free_port, install_fake_srun
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
@@ -141,3 +143,45 @@ def test_paper_sweeps_name_existing_configs_and_subcommands(sweep):
         assert (repo / args[args.index("--config") + 1]).is_file(), args
         names.append(args[args.index("--run_name") + 1])
     assert len(set(names)) == len(names)
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_train_script_runs_two_ranks_of_ddp_under_srun(tmp_path):
+    """train.sbatch -> srun -> 2 processes that Lightning's SLURM environment turns into one DDP run
+    (gloo on CPU: the launch path of a GPU node, with `--trainer.accelerator cpu` appended)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    install_fake_srun(bin_dir)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "SRUN_LOG_DIR": str(tmp_path),
+        "WANDB_MODE": "disabled",
+        "MASTER_PORT": str(free_port()),
+        "SLURM_SUBMIT_DIR": str(REPO),
+        "SLURM_JOB_ID": "31337", "SLURM_JOB_NAME": "longctx", "SLURM_NODELIST": "127.0.0.1",
+        "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1",
+        "VIRTUAL_ENV": os.environ.get("VIRTUAL_ENV", "/none"),
+    }  # fmt: skip
+    for var in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "LONGCTX_RUN_NAME"):
+        env.pop(var, None)
+    overrides = [
+        "--trainer.accelerator", "cpu", "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+        "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path / "runs"), "--data.cache_dir", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(REPO / "slurm/train.sbatch"), "configs/quickstart.yaml", *overrides],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    logs = {rank: (tmp_path / f"rank{rank}.log").read_text() for rank in (0, 1)}
+    assert result.returncode == 0, logs[0][-3000:] + logs[1][-3000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in logs[1]
+    checkpoint = torch.load(tmp_path / "runs/slurm-31337/checkpoints/last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 4
+    assert len(checkpoint["rng_states"]) == 2  # every rank's RNG, for an exact resume
