@@ -145,11 +145,23 @@ def test_paper_sweeps_name_existing_configs_and_subcommands(sweep):
     assert len(set(names)) == len(names)
 
 
+SHARED = REPO.parent / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present")
+
+
 @pytest.mark.slow
 @pytest.mark.ddp
-def test_train_script_runs_two_ranks_of_ddp_under_srun(tmp_path):
+@pytest.mark.parametrize(
+    "config",
+    [
+        "configs/quickstart.yaml",  # Adaptive Span on the bundled sample
+        pytest.param("configs/transformer_xl_tiny.yaml", marks=needs_shared),  # WikiText-2 pieces
+        pytest.param("configs/recurrent_gpt2_tiny.yaml", marks=needs_shared),  # WikiText-103 raw test, BPE
+    ],
+)
+def test_train_script_runs_two_ranks_of_ddp_under_srun(tmp_path, config):
     """train.sbatch -> srun -> 2 processes that Lightning's SLURM environment turns into one DDP run
-    (gloo on CPU: the launch path of a GPU node, with `--trainer.accelerator cpu` appended)."""
+    of each method (gloo on CPU: the launch path of a GPU node, with `--trainer.accelerator cpu`)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     install_fake_srun(bin_dir)
@@ -173,7 +185,7 @@ def test_train_script_runs_two_ranks_of_ddp_under_srun(tmp_path):
         "--trainer.default_root_dir", str(tmp_path / "runs"), "--data.cache_dir", str(tmp_path / "cache"),
     ]  # fmt: skip
     result = subprocess.run(
-        ["bash", str(REPO / "slurm/train.sbatch"), "configs/quickstart.yaml", *overrides],
+        ["bash", str(REPO / "slurm/train.sbatch"), config, *overrides],
         env=env,
         capture_output=True,
         text=True,
