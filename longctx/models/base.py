@@ -10,8 +10,8 @@ and a memory into per-token losses:
 - the memory lifecycle: one memory per stage, fresh at every epoch start, detached after every
   training step, so a validation in the middle of an epoch never disturbs the training memory;
 - the optimizer wiring: `optimizer` / `lr_scheduler` callables from the config;
-- the RNG state of every rank in each checkpoint, so a resumed run draws the dropout masks the
-  uninterrupted run would have drawn (the carried memory is not saved: it restarts empty).
+- the RNG state in each checkpoint, so a resumed run draws the dropout masks the uninterrupted run
+  would have drawn (the carried memory is not saved: it restarts empty).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils._pytree import tree_map
 from torchmetrics import SumMetric
@@ -33,7 +32,7 @@ from longctx.models import rng_state
 
 Memory = Any
 STAGES = ("train", "val", "test")
-RNG_KEY = "rng_states"
+RNG_KEY = "rng_state"
 
 
 @dataclass
@@ -258,17 +257,9 @@ class LMBase(pl.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[RNG_KEY] = rng_state.gather_all_ranks()
+        checkpoint[RNG_KEY] = rng_state.collect()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        states = checkpoint.get(RNG_KEY)
-        if states is None or self._trainer is None:  # `load_from_checkpoint` leaves the RNG alone
-            return
-        if len(states) != self.trainer.world_size:
-            rank_zero_warn(
-                f"the checkpoint holds the RNG state of {len(states)} ranks but this run has "
-                f"{self.trainer.world_size}: RNG state not restored (dropout masks will differ from an "
-                "uninterrupted run)"
-            )
-            return
-        rng_state.restore(states[self.trainer.global_rank])
+        # `load_from_checkpoint` (no trainer) leaves the RNG alone; a resumed fit restores it.
+        if RNG_KEY in checkpoint and self._trainer is not None:
+            rng_state.restore(checkpoint[RNG_KEY])

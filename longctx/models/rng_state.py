@@ -1,11 +1,13 @@
-"""Random-number-generator state of every rank, saved in checkpoints so a resumed run draws the
-same dropout masks as the run it continues.
+"""Random-number-generator state, saved in checkpoints so a resumed run draws the same dropout masks
+as the run it continues.
 
 Lightning checkpoints do not carry RNG state, and `seed_everything` at start-up would replay the
-first steps' masks after a resume. The state is gathered from all ranks (each rank's CUDA generator
-advances on its own device) and each rank restores its own. Nothing else draws from the global
-generators between two training steps here (the streams are deterministic and are not wrapped in a
-`DataLoader`, whose iterators would draw a seed), so restoring at load time is exact.
+first steps' masks after a resume. Under DDP every rank is seeded alike (`seed_everything` in each
+process) and draws alike (same network, same batch shapes), so the state rank 0 writes is every
+rank's, and every rank restores it: no collective is needed at save time (which also runs inside
+SLURM's SIGUSR1 handler). Nothing else draws from the global generators between two training steps
+here (the streams are deterministic and are not wrapped in a `DataLoader`, whose iterators would
+draw a seed), so restoring at load time is exact.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 RngState = dict[str, Any]
 
@@ -36,14 +37,3 @@ def restore(state: RngState) -> None:
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     random.setstate(state["python"])
-
-
-def gather_all_ranks() -> list[RngState]:
-    """Every rank's state, in rank order (a collective: all ranks must call it, as they all do when
-    Lightning saves a checkpoint)."""
-    mine = collect()
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [mine]
-    states: list[RngState | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(states, mine)
-    return states  # type: ignore[return-value]
