@@ -44,7 +44,7 @@ def skew(x: Tensor) -> Tensor:
 def key_windows(x: Tensor, L: int, c: int) -> Tensor:
     """(B, H, L + n·c, Dh) -> (B, H, n, L + c, Dh): window j holds rows j·c .. j·c + L + c - 1.
 
-    What `x.unfold(2, L + c, c)` gives, built from views and one `cat` instead: inductor's backward
+    `x.unfold(2, L + c, c).transpose(-1, -2)`, built from views and one `cat` instead: inductor's backward
     of `unfold` with overlapping windows writes out of bounds on CPU (torch 2.13, heap corruption;
     pytorch/pytorch#171370), and this form is also a little faster in eager. With several chunks
     c >= L (see `band_attention`), so window j is block j followed by the first L rows of block j + 1.
