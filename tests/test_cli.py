@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 import wandb
 import yaml
 
@@ -180,3 +181,18 @@ def test_wandb_run_gets_config_git_revision_stable_metric_names_and_min_summarie
         "throughput/train_tokens_per_s",
     } <= metrics
     assert set(summary["val/bpc"]) == {"min"} and set(summary["val/loss"]) == {"min"}  # best, not last
+
+
+def test_float32_matmul_precision_is_set_from_the_config(tmp_path, capsys):
+    """TF32 for float32 matmuls on GPUs ('high', the default) or exact float32 ('highest')."""
+    previous = torch.get_float32_matmul_precision()
+    try:
+        LongCtxCLI(args=quick_args(tmp_path)[1:], run=False)
+        assert torch.get_float32_matmul_precision() == "high"
+        LongCtxCLI(args=quick_args(tmp_path, "--float32_matmul_precision", "highest")[1:], run=False)
+        assert torch.get_float32_matmul_precision() == "highest"
+        with pytest.raises(SystemExit):
+            LongCtxCLI(args=quick_args(tmp_path, "--float32_matmul_precision", "tf32")[1:], run=False)
+        assert "float32_matmul_precision" in capsys.readouterr().err
+    finally:
+        torch.set_float32_matmul_precision(previous)
