@@ -68,8 +68,7 @@ class AdaptiveSpanLM(LMBase):
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
-        # The optimizer and schedule are callables (not checkpoint-safe); the CLI logs them with the config.
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.save_hyperparameters()
         if attn_span <= 0 or span_ramp < 0 or chunk_size <= 0:
             raise ValueError(
                 f"attn_span ({attn_span}) and chunk_size ({chunk_size}) must be positive and span_ramp "

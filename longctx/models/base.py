@@ -16,8 +16,10 @@ and a memory into per-token losses:
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,9 @@ from longctx.models import rng_state
 Memory = Any
 STAGES = ("train", "val", "test")
 RNG_KEY = "rng_state"
+# Constructor arguments that are callables: not checkpoint-safe (`torch.load(weights_only=True)`
+# refuses them), and the CLI logs them with the resolved config anyway.
+UNSAVED_HPARAMS = ("optimizer", "lr_scheduler")
 
 
 @dataclass
@@ -85,6 +90,14 @@ class LMBase(pl.LightningModule):
         self.token_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
         self._batch_start_time: float | None = None
         self._eval_batches: dict[str, int] = {"val": 0, "test": 0}
+
+    def save_hyperparameters(
+        self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None, logger: bool = True
+    ) -> None:
+        """Lightning's, called from a method's `__init__`, never saving `UNSAVED_HPARAMS`."""
+        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
+        frame = frame or inspect.currentframe().f_back  # the subclass's __init__, not this method
+        super().save_hyperparameters(*args, ignore=[*ignore, *UNSAVED_HPARAMS], frame=frame, logger=logger)
 
     # ------------------------------------------------------------------ method hooks
     def init_memory(self, batch_size: int) -> Memory:

@@ -110,8 +110,7 @@ class RecurrentGPT2LM(LMBase):
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
-        # The optimizer and schedule are callables (not checkpoint-safe); the CLI logs them with the config.
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.save_hyperparameters()
         self.lm = build_lm(pretrained, gpt2_config, vocab_size, attn_implementation)
         self.recurrence = (
             WindowRecurrence(

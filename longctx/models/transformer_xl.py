@@ -109,8 +109,7 @@ class TransformerXLLM(LMBase):
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
-        # The optimizer and schedule are callables (not checkpoint-safe); the CLI logs them with the config.
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.save_hyperparameters()
         if mem_len < 0 or clamp_len < 0 or (eval_mem_len or 0) < 0 or (eval_clamp_len or 0) < 0:
             raise ValueError("mem_len, clamp_len, eval_mem_len and eval_clamp_len must be >= 0")
         if protocol not in ("xl", "trams"):
