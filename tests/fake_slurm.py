@@ -3,8 +3,11 @@ one node, each with its SLURM_PROCID / SLURM_LOCALID, and logs each rank to $SRU
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 FAKE_SRUN = """#!/usr/bin/env bash
 # Starts SLURM_NTASKS copies of the command on this machine, as srun does on one node.
@@ -31,3 +34,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def slurm_node_env(tmp_path: Path, ntasks: int, **variables: str) -> dict[str, str]:
+    """This process's environment as a job step of `ntasks` tasks on one node sees it: the fake
+    `srun` in `tmp_path/bin` (put other fake tools there too) first on PATH, rank logs in `tmp_path`,
+    W&B off, a free MASTER_PORT, SLURM's variables; `variables` add or override any of them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    install_fake_srun(bin_dir)
+    inherited = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "LONGCTX_RUN_NAME")
+    }
+    return {
+        **inherited,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "SRUN_LOG_DIR": str(tmp_path),
+        "WANDB_MODE": "disabled",
+        "MASTER_PORT": str(free_port()),
+        "SLURM_JOB_NAME": "longctx", "SLURM_NODELIST": "127.0.0.1", "SLURM_NNODES": "1",
+        "SLURM_NTASKS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(ntasks),
+        **variables,
+    }  # fmt: skip

@@ -20,7 +20,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 
-from tests.fake_slurm import free_port, install_fake_srun
+from tests.fake_slurm import free_port, slurm_node_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,25 +65,17 @@ def _records(path: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("ntasks", [1, pytest.param(2, marks=pytest.mark.ddp)])
 def test_sigusr1_checkpoints_requeues_and_resumes_exactly(tmp_path, ntasks):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    install_fake_srun(bin_dir)
+    env = slurm_node_env(
+        tmp_path,
+        ntasks,
+        SLURM_JOB_ID="4242", SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="2",
+        SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",  # one task without srun
+    )  # fmt: skip
     (tmp_path / "record").mkdir()
     requeued = tmp_path / "requeued"
-    scontrol = bin_dir / "scontrol"
+    scontrol = tmp_path / "bin" / "scontrol"
     scontrol.write_text(f'#!/usr/bin/env bash\necho "$@" >> {requeued}\n')
     scontrol.chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO),
-        "WANDB_MODE": "disabled",
-        "SRUN_LOG_DIR": str(tmp_path),
-        "SLURM_NTASKS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(ntasks), "SLURM_NNODES": "1",
-        "SLURM_JOB_NAME": "longctx",
-        "SLURM_JOB_ID": "4242", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2",
-        "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "127.0.0.1",
-    }  # fmt: skip
     _run(
         tmp_path,
         env,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from longctx.sweep import run_lines, task_arguments
-from tests.fake_slurm import free_port, install_fake_srun
+from tests.fake_slurm import slurm_node_env
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
@@ -162,23 +162,13 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is
 def test_train_script_runs_two_ranks_of_ddp_under_srun(tmp_path, config):
     """train.sbatch -> srun -> 2 processes that Lightning's SLURM environment turns into one DDP run
     of each method (gloo on CPU: the launch path of a GPU node, with `--trainer.accelerator cpu`)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    install_fake_srun(bin_dir)
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO),
-        "SRUN_LOG_DIR": str(tmp_path),
-        "WANDB_MODE": "disabled",
-        "MASTER_PORT": str(free_port()),
-        "SLURM_SUBMIT_DIR": str(REPO),
-        "SLURM_JOB_ID": "31337", "SLURM_JOB_NAME": "longctx", "SLURM_NODELIST": "127.0.0.1",
-        "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1",
-        "VIRTUAL_ENV": os.environ.get("VIRTUAL_ENV", "/none"),
-    }  # fmt: skip
-    for var in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "LONGCTX_RUN_NAME"):
-        env.pop(var, None)
+    env = slurm_node_env(
+        tmp_path,
+        2,
+        SLURM_JOB_ID="31337",
+        SLURM_SUBMIT_DIR=str(REPO),
+        VIRTUAL_ENV=os.environ.get("VIRTUAL_ENV", "/none"),
+    )
     overrides = [
         "--trainer.accelerator", "cpu", "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
         "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
