@@ -15,8 +15,8 @@ reports its median step time, so that a machine whose load changes during the ru
 slows every variant alike. Memory: every configuration runs alone in its own process, so that its
 peak resident memory (VmHWM minus the resident memory before the first step) is its own.
 
-Then the FLOPs per token (the paper's #FLOPS, `longctx.nn.span_flops`) of the paper's models against
-its Tables 1-2.
+Then the FLOPs per token (the paper's #FLOPS, `longctx.methods.adaptive_span.flops`) of the paper's
+models against its Tables 1-2.
 
     python benchmarks/adaptive_span.py                       # S = 512, 2048, 8192 (CPU: ~5 min)
     python benchmarks/adaptive_span.py --spans 512 --steps 2 # quick
@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from longctx.nn.span_flops import flops_per_token, parameter_count
-from longctx.nn.span_transformer import SpanTransformer
+from longctx.methods.adaptive_span.flops import flops_per_token, parameter_count
+from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.optim.adagrad import ClippedAdagrad
 
 VARIANTS = ("fixed", "adaptive-small", "adaptive-mixed")
@@ -245,7 +245,7 @@ def main() -> None:
     print("\nspeed-up = tokens/s ÷ fixed's at the same S; mem ratio = fixed's peak ÷ this peak;")
     print("FLOPs ratio = fixed's FLOPs/token ÷ this one (counted over the attended, trimmed positions).\n")
 
-    print("FLOPs per token of the paper's models (multiply-accumulates, longctx.nn.span_flops):")
+    print("FLOPs per token of the paper's models (multiply-accumulates, methods/adaptive_span/flops.py):")
     print(f"{'model':>40} {'params':>8} {'paper':>6} {'MFLOPs':>8} {'paper':>6}")
     paper = paper_flops()
     for row in paper:

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from longctx.callbacks import CompileNetwork
 from longctx.data.streams import SegmentStream
-from longctx.models.adaptive_span import AdaptiveSpanLM
-from longctx.models.recurrent_gpt2 import RecurrentGPT2LM
-from longctx.models.transformer_xl import TransformerXLLM
+from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.recurrence.module import RecurrentGPT2LM
+from longctx.methods.transformer_xl.module import TransformerXLLM
 
 VOCAB = 256
 METHODS = {

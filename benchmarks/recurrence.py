@@ -39,7 +39,7 @@ def rss_bytes() -> int:
 def measure(cfg: dict) -> dict:
     """One configuration in this process: build, warm up, time `steps` training steps, peak memory."""
     sys.path.insert(0, str(REPO))
-    from longctx.models.recurrent_gpt2 import RecurrentGPT2LM
+    from longctx.methods.recurrence.module import RecurrentGPT2LM
 
     torch.manual_seed(0)
     torch.set_num_threads(cfg["threads"]) if cfg["threads"] else None

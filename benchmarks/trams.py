@@ -37,9 +37,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from longctx.nn.relative_attention import AttentionOutput, RelMultiHeadAttention, rel_shift
-from longctx.nn.trams import TramsSettings
-from longctx.nn.transformer_xl import TransformerXL
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.transformer_xl.relative_attention import (
+    AttentionOutput,
+    RelMultiHeadAttention,
+    rel_shift,
+)
+from longctx.methods.transformer_xl.trams import TramsSettings
 
 
 def released_forward(
@@ -139,7 +143,7 @@ def grid(args: argparse.Namespace) -> None:
     import yaml
 
     from longctx.data.datamodule import LMDataModule
-    from longctx.models.transformer_xl import TransformerXLLM
+    from longctx.methods.transformer_xl.module import TransformerXLLM
 
     config = yaml.safe_load(Path(args.grid).read_text())
     model_args = {
@@ -211,7 +215,7 @@ def main() -> None:
         return
     torch.manual_seed(0)
     if args.ckpt:
-        from longctx.models.transformer_xl import TransformerXLLM
+        from longctx.methods.transformer_xl.module import TransformerXLLM
 
         model = TransformerXLLM.load_from_checkpoint(args.ckpt, map_location="cpu").net
     else:

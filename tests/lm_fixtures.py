@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.data.streams import SegmentStream
-from longctx.models.adaptive_span import AdaptiveSpanLM
+from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.recurrence.module import RecurrentGPT2LM
+from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.models.base import LMBase, StepOutput
-from longctx.models.recurrent_gpt2 import RecurrentGPT2LM
-from longctx.models.transformer_xl import TransformerXLLM
 
 
 class CarryLM(LMBase):

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from longctx.nn.adaptive_span import AdaptiveMask, DynamicSpan, attended_length
-from longctx.nn.span_attention import SpanAttention, band_attention, key_windows
-from longctx.nn.span_flops import flops_per_token, parameter_count
-from longctx.nn.span_transformer import SpanTransformer
+from longctx.methods.adaptive_span.attention import SpanAttention, band_attention, key_windows
+from longctx.methods.adaptive_span.flops import flops_per_token, parameter_count
+from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, attended_length
+from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.optim.adagrad import ClippedAdagrad
 from longctx.optim.schedules import WarmupStepDecay
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
-import longctx.models.adaptive_span as adaptive_span_module
-from longctx.models.adaptive_span import SPAN_FIGURE, AdaptiveSpanLM
+import longctx.methods.adaptive_span.module as adaptive_span_module
+from longctx.methods.adaptive_span.module import SPAN_FIGURE, AdaptiveSpanLM
 from longctx.optim.adagrad import ClippedAdagrad
 from tests.lm_fixtures import SyntheticData, cpu_trainer
 

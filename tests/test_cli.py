@@ -43,7 +43,7 @@ def test_every_config_parses():
                 main(["fit", "--config", str(config), "--print_config"])
             assert exit_info.value.code in (0, None)
             resolved = yaml.safe_load(out.getvalue())
-            assert resolved["model"]["class_path"].startswith("longctx.models.")
+            assert resolved["model"]["class_path"].startswith("longctx.methods.")
         except BaseException as err:
             failures[config.name] = repr(err)[:500]
     assert not failures, failures

@@ -26,14 +26,14 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from longctx.data.streams import SegmentStream
-from longctx.models.recurrent_gpt2 import RecurrentGPT2LM, lm_from_checkpoint, main
-from longctx.nn.flops import (
+from longctx.methods.recurrence.flops import (
     counted_non_embedding_params,
     flops_per_scored_token,
     hf_model_flops_per_scored_token,
     kaplan_non_embedding_params,
 )
-from longctx.nn.recurrence import (
+from longctx.methods.recurrence.module import RecurrentGPT2LM, lm_from_checkpoint, main
+from longctx.methods.recurrence.network import (
     RECURRENCE_EAGER,
     RECURRENCE_SDPA,
     SLOT_KWARG,

@@ -11,8 +11,13 @@ import math
 import pytest
 import torch
 
-from longctx.nn.relative_attention import RelMultiHeadAttention, rel_shift, sinusoid_positions
-from longctx.nn.trams import (
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.transformer_xl.relative_attention import (
+    RelMultiHeadAttention,
+    rel_shift,
+    sinusoid_positions,
+)
+from longctx.methods.transformer_xl.trams import (
     TramsSettings,
     query_gram,
     reformulated_keys,
@@ -20,7 +25,6 @@ from longctx.nn.trams import (
     trams_scores,
     window_index,
 )
-from longctx.nn.transformer_xl import TransformerXL
 
 D, H, DH = 12, 3, 4
 

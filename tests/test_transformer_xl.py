@@ -13,11 +13,16 @@ import pytest
 import torch
 import yaml
 
-from longctx.models.transformer_xl import TransformerXLLM
-from longctx.nn.adaptive_softmax import ProjectedAdaptiveLogSoftmax
-from longctx.nn.relative_attention import RelMultiHeadAttention, rel_shift, sinusoid_positions, window_mask
-from longctx.nn.transformer_xl import TransformerXL
-from longctx.nn.xl_memory import reset_memory_rows
+from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
+from longctx.methods.transformer_xl.memory import reset_memory_rows
+from longctx.methods.transformer_xl.module import TransformerXLLM
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.transformer_xl.relative_attention import (
+    RelMultiHeadAttention,
+    rel_shift,
+    sinusoid_positions,
+    window_mask,
+)
 from tests.lm_fixtures import SyntheticData, cpu_trainer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.nn.span_attention import SpanAttention, SpanKind
+from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind
 
 
 @dataclass

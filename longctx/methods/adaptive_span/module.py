@@ -20,9 +20,9 @@ from lightning.pytorch.loggers import WandbLogger
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from longctx.methods.adaptive_span.attention import SpanKind
+from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
 from longctx.models.base import LMBase, StepOutput
-from longctx.nn.span_attention import SpanKind
-from longctx.nn.span_transformer import SpanTransformer, SpanTransformerOutput
 from longctx.optim.adagrad import ClippedAdagrad
 
 SPAN_FIGURE = "span_by_layer.png"

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from longctx.nn.adaptive_span import attended_length
+from longctx.methods.adaptive_span.mask import attended_length
 
 
 def flops_per_token(

@@ -2,7 +2,7 @@
 TRAMS memory selection at evaluation (Yu et al. 2023) on the `LMBase` spine.
 
 The memory carried across batches is, per layer, the last `mem_len` inputs of the layer plus a
-validity mask (`longctx.nn.xl_memory`). Every evaluation knob is an init argument, so it can be
+validity mask (`memory.py`). Every evaluation knob is an init argument, so it can be
 changed without retraining: LightningCLI builds the model from the config and then loads the
 checkpoint's weights (`python -m longctx test --config configs/trams_wt103.yaml --ckpt_path X`), and
 `TransformerXLLM.load_from_checkpoint(X, trams_attended=200, ...)` overrides the stored ones.
@@ -18,7 +18,7 @@ attends to the newest `trams_kept` (m − k) pool slots plus k = m − trams_kep
 older ones (paper and code: M=400, m=200 = 150 kept + 50 selected, n = 64). `trams_metric` "code"
 (the released ‖K′‖·|ΣK′|), "paper" (cos⟨K′, 1⟩·‖K′‖) or "oracle" (largest actual attention
 probability); `trams_positions` "compact" (the code: selected tokens placed right before the kept
-block) or "true" (their real distances). Details in `longctx.nn.trams`.
+block) or "true" (their real distances). Details in `longctx.methods.transformer_xl.trams`.
 
 Evaluation protocols (`protocol`), a config choice to match the table compared with:
 - "xl": Transformer-XL's evaluation: the first segment has an empty memory and every target is
@@ -41,11 +41,11 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from longctx.methods.transformer_xl import memory as xl_memory
+from longctx.methods.transformer_xl.memory import XLMemory
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.transformer_xl.trams import Metric, Positions, TramsSettings
 from longctx.models.base import LMBase, StepOutput
-from longctx.nn import xl_memory
-from longctx.nn.trams import Metric, Positions, TramsSettings
-from longctx.nn.transformer_xl import TransformerXL
-from longctx.nn.xl_memory import XLMemory
 
 Protocol = Literal["xl", "trams"]
 

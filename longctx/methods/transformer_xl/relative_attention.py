@@ -8,7 +8,7 @@ q/k/v/r/o projections have no bias; the sinusoid is [sin | cos] over positions k
 `clamp_len`; masked scores are −inf and the softmax runs in float32; post-LayerNorm by default, pre-LN
 (LayerNorm on [memory, segment] before the projections, no LayerNorm after) as an option.
 
-A layer can also attend to a TRAMS-selected window of its memory (`longctx.nn.trams`).
+A layer can also attend to a TRAMS-selected window of its memory (`longctx.methods.transformer_xl.trams`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.nn.trams import (
+from longctx.methods.transformer_xl.trams import (
     TramsSettings,
     oracle_scores,
     select_memory,

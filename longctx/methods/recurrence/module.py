@@ -2,7 +2,7 @@
 
 One module for both rows of the paper's comparison:
 - `recurrence: true`: window i's hidden states are pooled (eq. 1) and mapped by a small FFN to h_prev,
-  which window i+1 reads at layer ℓ_ins as one extra key/value (`longctx.nn.recurrence`); training
+  which window i+1 reads at layer ℓ_ins as one extra key/value (`network.py`); training
   backpropagates through the K windows of a batch, with gradient checkpointing per window (§3.2);
 - `recurrence: false`: the windowed baseline, the same pretrained model on the same windows.
 
@@ -17,7 +17,7 @@ randomly initialised GPT-2 (no weights can be downloaded on the test machines).
 Make your own small "pretrained" GPT-2 and add recurrence to it (the full recipe offline):
 
     python -m longctx fit --config configs/gpt2_window_tiny.yaml            # baseline from scratch
-    python -m longctx.models.recurrent_gpt2 export runs/<run>/checkpoints/last.ckpt runs/gpt2_tiny_hf \
+    python -m longctx.methods.recurrence.module export runs/<run>/checkpoints/last.ckpt runs/gpt2_tiny_hf \
         --tokenizer ../shared/data/gpt2
     python -m longctx fit --config configs/recurrent_gpt2_tiny.yaml \
         --model.init_args.pretrained runs/gpt2_tiny_hf --model.init_args.gpt2_config null
@@ -38,9 +38,9 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
+from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
+from longctx.methods.recurrence.network import RECURRENCE_IMPLEMENTATIONS, WindowRecurrence, window_nll
 from longctx.models.base import LMBase, StepOutput
-from longctx.nn.flops import hf_model_flops_per_scored_token
-from longctx.nn.recurrence import RECURRENCE_IMPLEMENTATIONS, WindowRecurrence, window_nll
 
 HF_CONFIG_KEY = "hf_config"
 
@@ -245,8 +245,8 @@ def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m longctx.models.recurrent_gpt2 export CKPT OUT_DIR [--tokenizer DIR]`."""
-    parser = argparse.ArgumentParser(prog="python -m longctx.models.recurrent_gpt2")
+    """`python -m longctx.methods.recurrence.module export CKPT OUT_DIR [--tokenizer DIR]`."""
+    parser = argparse.ArgumentParser(prog="python -m longctx.methods.recurrence.module")
     sub = parser.add_subparsers(dest="command", required=True)
     export = sub.add_parser("export", help="write a checkpoint's GPT-2 as a Hugging Face directory")
     export.add_argument("ckpt", help="a RecurrentGPT2LM Lightning checkpoint (e.g. a trained baseline)")

@@ -4,7 +4,7 @@
 Adaptive input -> dropout -> n_layers × [relative attention over (memory, segment), position-wise
 feed-forward] -> dropout -> (adaptive) softmax. As in the code: u and v (`r_w_bias`, `r_r_bias`) are
 shared by all layers; the sinusoid position embeddings go through the same dropout as the
-embeddings; each layer's memory holds its inputs (`longctx.nn.xl_memory`); post-LN blocks (pre-LN an
+embeddings; each layer's memory holds its inputs (`memory.py`); post-LN blocks (pre-LN an
 option); initialisation N(0, init_std) for weights, embeddings, cluster weights and u, v,
 N(0, proj_init_std) for adaptive projections, N(1, init_std) for LayerNorm weights, zero biases.
 
@@ -20,10 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.nn.adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
-from longctx.nn.relative_attention import AttentionOutput, RelMultiHeadAttention, sinusoid_positions
-from longctx.nn.trams import TramsSettings
-from longctx.nn.xl_memory import XLMemory, empty_memory, update_memory, zero_memory
+from longctx.methods.transformer_xl.adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from longctx.methods.transformer_xl.memory import XLMemory, empty_memory, update_memory, zero_memory
+from longctx.methods.transformer_xl.relative_attention import (
+    AttentionOutput,
+    RelMultiHeadAttention,
+    sinusoid_positions,
+)
+from longctx.methods.transformer_xl.trams import TramsSettings
 
 
 class PositionwiseFF(nn.Module):

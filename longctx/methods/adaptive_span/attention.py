@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.nn.adaptive_span import AdaptiveMask, DynamicSpan, renormalise
+from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, renormalise
 
 SpanKind = Literal["fixed", "adaptive", "dynamic"]
 
