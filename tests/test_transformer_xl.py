@@ -15,7 +15,7 @@ import yaml
 
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.memory import reset_memory_rows
-from longctx.methods.transformer_xl.module import TransformerXLLM
+from longctx.methods.transformer_xl.module import TransformerXLLM, drop_last_scored
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
@@ -280,9 +280,9 @@ def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
     trams_protocol = validate(protocol="trams")
     selected = validate(eval_mem_len=32, trams_attended=16, trams_kept=8)
     assert xl["val/tokens"] == 1200
-    # two rows of 600 targets = 37 full segments of 16 + 8 targets then padding: the TRAMS protocol
-    # drops the last target of each full segment (the last segment's last column is padding)
-    assert trams_protocol["val/tokens"] == 1200 - 2 * (600 // 16)
+    # two rows of 600 targets = 37 full segments of 16 + one of 8 targets then padding: the TRAMS
+    # protocol drops the last real target of every segment, the short final one included
+    assert trams_protocol["val/tokens"] == 1200 - 2 * math.ceil(600 / 16)
     assert rpe["trams/mem_mass"] == 0 and xl["trams/mem_mass"] > 0
     assert len({xl["val/loss"], rpe["val/loss"], trams_protocol["val/loss"], selected["val/loss"]}) == 4
 
@@ -298,6 +298,27 @@ def test_trams_protocol_starts_from_attended_zero_memory_and_xl_from_empty():
         tiny(trams_attended=8)
     with pytest.raises(ValueError, match="cannot exceed"):
         tiny(trams_attended=20, trams_kept=4)
+
+
+def test_trams_protocol_leaves_out_the_last_real_target_of_each_row():
+    mask = torch.tensor(
+        [[True] * 6, [True] * 4 + [False] * 2, [False] * 6, [False, True, True, False, False, False]]
+    )
+    expected = torch.tensor(
+        [[True] * 5 + [False], [True] * 3 + [False] * 3, [False] * 6, [False, True] + [False] * 4]
+    )
+    assert torch.equal(drop_last_scored(mask), expected)
+    # Through the module: a padded short final segment scores one target fewer per row, not one more.
+    model = tiny(protocol="trams").eval()
+    batch = {
+        "input": torch.randint(0, 64, (2, 6)),
+        "target": torch.randint(0, 64, (2, 6)),
+        "mask": mask[:2],
+        "reset": torch.ones(2, dtype=torch.bool),
+    }
+    with torch.no_grad():
+        out = model.step(batch, model.init_memory(2))
+    assert torch.equal(out.mask, expected[:2])
 
 
 @pytest.mark.parametrize("pre_lnorm", [False, True])

@@ -25,8 +25,8 @@ Evaluation protocols (`protocol`), a config choice to match the table compared w
   scored (compare with the Transformer-XL paper).
 - "trams": the TRAMS code's evaluation: the first memory is mem_len zero states that are attended,
   and the first token of each segment is never scored (their Hugging Face loss shifts labels inside
-  each segment); in our batches that is the last target of each segment, the token that opens the
-  next segment (compare with the TRAMS paper's tables).
+  each segment); in our batches that is the last real target of each segment row, the token that
+  opens the next segment (`drop_last_scored`; compare with the TRAMS paper's tables).
 
 Logged at evaluation (when `log_attention_mass`): `trams/mem_mass`, the attention probability on the
 attended memory keys averaged over layers, heads, queries and batch rows (the paper's attention-mass
@@ -184,10 +184,7 @@ class TransformerXLLM(LMBase):
             cache_kv=evaluating and self.eval_cache_kv,
         )
         nll = self.net.nll(out.hidden, batch["target"])  # (B, n)
-        mask = None
-        if evaluating and self.protocol == "trams":
-            mask = batch["mask"].clone()
-            mask[:, -1] = False
+        mask = drop_last_scored(batch["mask"]) if evaluating and self.protocol == "trams" else None
         logs: dict[str, Tensor | float] = {}
         if need_mass:
             masses = torch.stack([a.mem_mass for a in out.attn]).detach().float()
@@ -195,3 +192,18 @@ class TransformerXLLM(LMBase):
             for i, m in enumerate(masses):
                 logs[f"trams/mem_mass_layer{i}"] = m
         return StepOutput(nll=nll, memory=out.memory, mask=mask, logs=logs)
+
+
+def drop_last_scored(mask: Tensor) -> Tensor:
+    """The TRAMS protocol's mask: `mask` (B, n) without each row's last scored target.
+
+    TRAMS's evaluation never scores the first token of a segment; in our batches that token is the
+    last *real* target of the segment (the one that opens the next segment). In a short final
+    segment the real targets end before column n − 1 (padding follows, already unscored), so the
+    dropped column is found per row rather than fixed at −1. Rows with no scored target are unchanged.
+    """
+    n = mask.shape[1]
+    last = n - 1 - mask.flip(-1).to(torch.uint8).argmax(-1)  # (B,) last True column (n − 1 if none)
+    dropped = mask.clone()
+    dropped.scatter_(1, last[:, None], False)  # a row with no True only gets its False rewritten
+    return dropped
