@@ -84,6 +84,14 @@ def test_bpe_windows_and_word_counts(tmp_path):
         ({"mode": "windows", "tgt_len": 10, "overlap": 10}, "overlap"),
         ({"mode": "segments", "overlap": 3}, "mode: windows"),
         ({"split_sources": {"training": "valid"}}, "unknown splits"),
+        ({"batch_size": 0}, r"^data\.batch_size must be a positive integer, got 0$"),
+        ({"eval_batch_size": 0}, r"^data\.eval_batch_size must be a positive integer, got 0$"),
+        ({"tgt_len": 0}, r"^data\.tgt_len must be a positive integer, got 0$"),
+        ({"tgt_len": -5}, r"^data\.tgt_len must be a positive integer, got -5$"),
+        ({"eval_tgt_len": 0}, r"^data\.eval_tgt_len must be a positive integer, got 0$"),
+        ({"mode": "windows", "windows_per_batch": 0}, r"^data\.windows_per_batch must be a positive"),
+        ({"mode": "windows", "train_wrap": "random_offset"}, "train_wrap: random_offset"),
+        ({"corpus": "pg19", "train_wrap": "random_offset"}, "train_wrap: random_offset"),
     ],
 )
 def test_bad_options_are_clear_errors(tmp_path, kwargs, message):
@@ -103,3 +111,13 @@ def test_missing_files_offline_name_the_corpus_and_the_files(tmp_path):
     data = LMDataModule("wikitext2", root=str(tmp_path / "empty"), cache_dir=str(tmp_path), download=False)
     with pytest.raises(Exception, match=r"(?s)wikitext2.*wiki\.train\.tokens"):
         data.prepare_data()
+
+
+def test_train_wrap_reaches_the_training_stream_only(tmp_path):
+    data = LMDataModule(
+        "sample", cache_dir=str(tmp_path), batch_size=4, tgt_len=32, train_wrap="random_offset", seed=7
+    )
+    data.prepare_data()
+    data.setup()
+    train, val = data.train_dataloader(), data.val_dataloader()
+    assert (train.wrap, train.seed, val.wrap) == ("random_offset", 7, "restart")

@@ -187,7 +187,101 @@ def test_resume_after_the_last_batch_starts_the_next_epoch():
     assert len(list(resumed)) == len(resumed) and resumed.epoch == 1
 
 
-def test_resume_with_another_batch_size_is_refused():
-    state = SegmentStream(positions(200), 2, 10).state_dict()
-    with pytest.raises(ValueError, match="same global batch size"):
-        SegmentStream(positions(200), 4, 10).load_state_dict(state)
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"batch_size": 4}, "batch_size"),
+        ({"seq_len": 12}, "seq_len"),
+        ({"overlap": 2}, "overlap"),
+        ({"windows_per_batch": 3}, "windows_per_batch"),
+        ({"tokens": positions(300)}, "n_tokens"),
+    ],
+)
+def test_resume_with_another_layout_is_refused(change, field):
+    kwargs = dict(tokens=positions(200), batch_size=2, seq_len=10, overlap=0, windows_per_batch=2)
+    stream = SegmentStream(**kwargs)
+    next(iter(stream))
+    state = stream.state_dict()
+    with pytest.raises(ValueError, match=rf"checkpoint's data stream has {field}=.*this run {field}="):
+        SegmentStream(**{**kwargs, **change}).load_state_dict(state)
+
+
+def test_resume_of_a_state_without_format_version_is_refused():
+    state = {"epoch": 0, "next_batch": 3, "batch_size": 2}  # what longctx wrote before version 2
+    with pytest.raises(ValueError, match="format version 1, this longctx reads 2"):
+        SegmentStream(positions(200), 2, 10).load_state_dict(state)
+
+
+def starts_of_epochs(stream: SegmentStream, epochs: int) -> list[list[int]]:
+    """First input token of row 0 in every batch, per epoch."""
+    return [[int(b["input"][0, 0]) for b in stream] for _ in range(epochs)]
+
+
+def test_random_offset_wrap_matches_the_adaptive_span_trainer():
+    """Epoch 0 starts at 0, later epochs at a seeded offset in [0, L); only whole segments, and the
+    row's segments are consecutive from that offset (their `train_pos += block_size`)."""
+    n_tokens, rows, seq = 1001, 2, 7
+    stream = SegmentStream(positions(n_tokens), rows, seq, wrap="random_offset", seed=5)
+    per_row = (n_tokens - 1) // rows
+    offsets = []
+    for epoch in range(6):
+        batches = list(stream)
+        offset = int(batches[0]["input"][0, 0])
+        offsets.append(offset)
+        assert offset == stream.epoch_offset(epoch) and 0 <= offset < seq
+        assert len(batches) == (per_row - offset) // seq  # the partial last block is never trained
+        for b in batches:
+            assert b["mask"].all()
+        for i, b in enumerate(batches):
+            expected_row0 = torch.arange(offset + i * seq, offset + (i + 1) * seq)
+            torch.testing.assert_close(b["input"][0], expected_row0)
+            torch.testing.assert_close(b["input"][1], expected_row0 + per_row)
+    assert offsets[0] == 0 and len(set(offsets[1:])) > 1
+    again = SegmentStream(positions(n_tokens), rows, seq, wrap="random_offset", seed=5)
+    assert starts_of_epochs(again, 6) == starts_of_epochs(
+        SegmentStream(positions(n_tokens), rows, seq, wrap="random_offset", seed=5), 6
+    )
+
+
+def test_random_offset_is_the_same_on_every_rank():
+    kwargs = dict(tokens=positions(2001), batch_size=4, seq_len=9, wrap="random_offset", seed=2)
+    single = SegmentStream(**kwargs)
+    ranks = [SegmentStream(**kwargs, rank=r, world_size=2) for r in range(2)]
+    for _ in range(3):  # three epochs
+        whole = list(single)
+        parts = [list(s) for s in ranks]
+        assert len(parts[0]) == len(parts[1]) == len(whole)
+        for i, batch in enumerate(whole):
+            torch.testing.assert_close(
+                torch.cat([parts[0][i]["input"], parts[1][i]["input"]]), batch["input"]
+            )
+
+
+def test_random_offset_resumes_exactly_mid_epoch():
+    kwargs = dict(tokens=positions(1501), batch_size=3, seq_len=8, wrap="random_offset", seed=11)
+    reference = SegmentStream(**kwargs)
+    list(reference), list(reference)  # epochs 0 and 1
+    expected = list(reference)  # epoch 2
+    interrupted = SegmentStream(**kwargs)
+    list(interrupted), list(interrupted)
+    iterator = iter(interrupted)
+    for _ in range(5):
+        next(iterator)
+    state = interrupted.state_dict()
+    assert state["offset"] == interrupted.epoch_offset(2) != 0
+    resumed = SegmentStream(**kwargs)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(expected) - 5
+    for got, want in zip(rest, expected[5:], strict=True):
+        torch.testing.assert_close(got["input"], want["input"])
+    nxt = list(resumed)  # epoch 3 draws its own offset
+    assert int(nxt[0]["input"][0, 0]) == resumed.epoch_offset(3)
+
+
+def test_random_offset_is_refused_for_documents_and_windows():
+    tokens, offsets = docs([40, 30])
+    with pytest.raises(ValueError, match="contiguous text in segment mode"):
+        SegmentStream(tokens, 1, 5, doc_offsets=offsets, wrap="random_offset")
+    with pytest.raises(ValueError, match="contiguous text in segment mode"):
+        SegmentStream(positions(100), 1, 5, windows_per_batch=1, wrap="random_offset")

@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 
 from longctx.data.cache import SPLITS, CorpusSpec, TokenizedCorpus, load_corpus, prepare_corpus, vocab_size_of
 from longctx.data.corpora import get_corpus
-from longctx.data.streams import SegmentStream
+from longctx.data.streams import SegmentStream, Wrap
 
 
 def default_root() -> Path:
@@ -46,7 +46,11 @@ class LMDataModule(pl.LightningDataModule):
         tokenizer: GPT-2 BPE source for BPE corpora (a local directory or a hub id).
         max_train_documents / max_eval_document_tokens: PG-19 subset (paper: 1,250 and 15,000).
         shuffle_documents: deal training documents in a new seeded order every epoch.
-        seed: seed of that order.
+        seed: seed of that order and of the `train_wrap` offsets.
+        train_wrap: where the training stream starts each epoch: `restart` (offset 0, the short last
+            segment trained too; Transformer-XL) or `random_offset` (adaptive-span's trainer: every
+            epoch after the first starts at a seeded random offset in [0, tgt_len) and only whole
+            segments are trained). See `SegmentStream`.
         word_convention: how words are counted for `*/word_ppl`: whitespace tokens plus one per
             line (`whitespace_eos`, the Transformer-XL token count) or whitespace tokens only.
         mirror: base URL of a mirror serving the corpus files under their own names (docs/data.md).
@@ -72,19 +76,27 @@ class LMDataModule(pl.LightningDataModule):
         max_eval_document_tokens: int | None = None,
         shuffle_documents: bool = False,
         seed: int = 0,
+        train_wrap: Wrap = "restart",
         word_convention: Literal["whitespace_eos", "whitespace"] = "whitespace_eos",
         mirror: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.info = get_corpus(corpus)
+        check_positive(batch_size=batch_size, tgt_len=tgt_len, windows_per_batch=windows_per_batch)
+        check_positive(eval_batch_size=eval_batch_size, eval_tgt_len=eval_tgt_len)
+        if train_wrap == "random_offset" and (mode != "segments" or self.info.documents):
+            raise ValueError(
+                "data.train_wrap: random_offset (adaptive-span's wrap-around) needs mode: segments on a "
+                f"contiguous corpus; {corpus} in mode {mode} takes train_wrap: restart"
+            )
         if split_sources is not None and (unknown := set(split_sources) - set(SPLITS)):
             raise ValueError(f"split_sources has unknown splits {sorted(unknown)}; use {list(SPLITS)}")
         if mode == "segments" and (overlap or eval_overlap):
             raise ValueError("overlap applies to mode: windows only; set data.mode: windows")
         check_overlap("overlap", overlap, tgt_len)
         if eval_overlap is not None:
-            check_overlap("eval_overlap", eval_overlap, eval_tgt_len or tgt_len)
+            check_overlap("eval_overlap", eval_overlap, tgt_len if eval_tgt_len is None else eval_tgt_len)
         root_path = Path(root).expanduser() if root else default_root()
         self.spec = CorpusSpec(
             name=corpus,
@@ -99,8 +111,8 @@ class LMDataModule(pl.LightningDataModule):
         )
         self.batch_size = batch_size
         self.tgt_len = tgt_len
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.eval_tgt_len = eval_tgt_len or tgt_len
+        self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
+        self.eval_tgt_len = tgt_len if eval_tgt_len is None else eval_tgt_len
         self.mode = mode
         self.overlap = overlap
         self.eval_overlap = overlap if eval_overlap is None else eval_overlap
@@ -171,6 +183,7 @@ class LMDataModule(pl.LightningDataModule):
                 world_size=world,
                 shuffle_documents=train and self.hparams.shuffle_documents,
                 seed=self.hparams.seed,
+                wrap=self.hparams.train_wrap if train else "restart",
             )
         except ValueError as err:
             raise ValueError(f"{self.info.name} {split} split: {err}") from err
@@ -183,6 +196,13 @@ class LMDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> SegmentStream:
         return self.stream("test", train=False)
+
+
+def check_positive(**options: int | None) -> None:
+    """Each given option (None: unset, takes its default) must be a positive integer."""
+    for name, value in options.items():
+        if value is not None and value <= 0:
+            raise ValueError(f"data.{name} must be a positive integer, got {value}")
 
 
 def check_overlap(name: str, overlap: int, window: int) -> None:

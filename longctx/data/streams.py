@@ -23,12 +23,16 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 Batch = dict[str, Tensor]
+Wrap = Literal["restart", "random_offset"]
+# Version of `SegmentStream.state_dict`; 2 added the layout fields checked on resume.
+STATE_VERSION = 2
 
 
 def units_in_piece(n_targets: int, seq_len: int, overlap: int) -> int:
@@ -106,6 +110,13 @@ class SegmentStream:
             yields (B, L) tensors instead of (B, K, T).
         pad: keep every target (evaluation) instead of dropping the uneven remainder (training).
         shuffle_documents: deal documents in a seeded random order that changes every epoch.
+        wrap: how a training stream starts its epochs. `restart`: every epoch at offset 0, the last
+            short segment of each row trained too. `random_offset`: the adaptive-span trainer's
+            wrap-around (facebookresearch/adaptive-span `trainer.py`, `train_iteration`): epoch 0
+            starts at offset 0, every later epoch at an offset drawn uniformly from [0, L) (the same
+            for all rows, a function of `seed` and the epoch, so every rank draws alike), and only
+            full segments are served. The memory is zeroed at each epoch start (`LMBase`), as their
+            `h_cache` is at the wrap. Contiguous text in segment mode only.
 
     Yields dicts `input`, `target`, `mask` (B, L) or (B, K, T) and `reset` (B,) or (B, K); see
     docs/architecture.md. Every rank yields the same number of batches. `state_dict()` records the
@@ -126,7 +137,10 @@ class SegmentStream:
         world_size: int = 1,
         shuffle_documents: bool = False,
         seed: int = 0,
+        wrap: Wrap = "restart",
     ) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch size must be positive, got {batch_size}")
         if batch_size % world_size != 0:
             raise ValueError(
                 f"batch size {batch_size} is not divisible by the world size {world_size}: the global "
@@ -144,6 +158,13 @@ class SegmentStream:
             raise ValueError("overlap needs window mode (windows_per_batch >= 1)")
         if windows_per_batch is not None and windows_per_batch < 1:
             raise ValueError(f"windows_per_batch must be >= 1, got {windows_per_batch}")
+        if wrap not in ("restart", "random_offset"):
+            raise ValueError(f"wrap must be 'restart' or 'random_offset', got {wrap!r}")
+        if wrap == "random_offset" and (doc_offsets is not None or windows_per_batch is not None or pad):
+            raise ValueError(
+                "wrap: random_offset (adaptive-span's wrap-around) applies to training on contiguous "
+                "text in segment mode; use wrap: restart for documents, windows or evaluation"
+            )
         if doc_offsets is None and len(tokens) - 1 < seq_len:
             raise ValueError(
                 f"the split has {len(tokens)} tokens, fewer than one segment of {seq_len} + 1; "
@@ -160,17 +181,38 @@ class SegmentStream:
         self.world_size = world_size
         self.shuffle_documents = shuffle_documents
         self.seed = seed
+        self.wrap = wrap
         self.local_rows = range(rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
         self.epoch = 0
+        self.offset = 0  # where each row starts this epoch (wrap: random_offset)
         self._next_batch = 0
         self._resume_pending = False
         self._iterated = False
         self._build_layout()
 
     # ------------------------------------------------------------------ layout
+    def epoch_offset(self, epoch: int) -> int:
+        """The start offset of `epoch` under `wrap: random_offset` (0 for epoch 0, as the released
+        trainer starts at `train_pos = 0`): a pure function of (seed, epoch), equal on every rank."""
+        if self.wrap != "random_offset" or epoch == 0:
+            return 0
+        return int(np.random.default_rng([self.seed, epoch]).integers(self.seq_len))
+
     def _build_layout(self) -> None:
         if self.doc_offsets is None:
             pieces = contiguous_rows(len(self.tokens), self.batch_size, self.pad)
+            if self.wrap == "random_offset":
+                # Each row skips `offset` tokens and keeps only whole segments (their trainer wraps
+                # once the next block would pass the end: `train_pos >= size - block_size`).
+                n_targets = pieces[0][0][1] - pieces[0][0][0] - 1  # every training row has as many
+                full = (n_targets - self.offset) // self.seq_len
+                if full < 1:
+                    raise ValueError(
+                        f"rows of {n_targets} targets hold no whole segment of {self.seq_len} after an "
+                        f"offset of {self.offset}; use a smaller batch size or segment length"
+                    )
+                starts = [row[0][0] + self.offset for row in pieces]
+                pieces = [[(start, start + full * self.seq_len + 1)] for start in starts]
         else:
             order = np.arange(len(self.doc_offsets) - 1)
             if self.shuffle_documents:
@@ -199,8 +241,7 @@ class SegmentStream:
         else:
             if self._iterated:
                 self.epoch += 1
-                if self.shuffle_documents:
-                    self._build_layout()
+                self._start_epoch()
             self._next_batch = 0
         self._iterated = True
         while self._next_batch < self._n_batches:
@@ -246,18 +287,56 @@ class SegmentStream:
         mask[first_scored:length] = True
         return j == 0
 
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "next_batch": self._next_batch, "batch_size": self.batch_size}
+    def _start_epoch(self) -> None:
+        """Rebuild the layout when it changes with the epoch (document order, start offset)."""
+        if self.shuffle_documents or self.wrap == "random_offset":
+            self.offset = self.epoch_offset(self.epoch)
+            self._build_layout()
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["batch_size"] != self.batch_size:
+    # ------------------------------------------------------------------ state
+    def _layout_state(self) -> dict[str, Any]:
+        """What decides which tokens batch i holds: a resumed stream must agree on all of it."""
+        return {
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "overlap": self.overlap,
+            "windows_per_batch": self.windows_per_batch,
+            "n_tokens": len(self.tokens),
+            "documents": None if self.doc_offsets is None else len(self.doc_offsets) - 1,
+            "shuffle_documents": self.shuffle_documents,
+            "seed": self.seed,
+            "wrap": self.wrap,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "next_batch": self._next_batch,
+            "offset": self.offset,
+            **self._layout_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the saved epoch, offset and batch; refuse a state of another layout (it would
+        silently skip or repeat tokens)."""
+        if state.get("version") != STATE_VERSION:
             raise ValueError(
-                f"the checkpoint's stream has global batch size {state['batch_size']}, this run "
-                f"{self.batch_size}: a stream can only resume with the same global batch size"
+                f"the checkpoint's data stream state has format version {state.get('version', 1)}, this "
+                f"longctx reads {STATE_VERSION}: it cannot tell where the stream stopped; start the run "
+                "fresh (no --ckpt_path) or resume with the longctx version that wrote it"
             )
+        for key, value in self._layout_state().items():
+            if state[key] != value:
+                raise ValueError(
+                    f"the checkpoint's data stream has {key}={state[key]!r}, this run {key}={value!r}: a "
+                    "stream resumes only with the same data layout (data.batch_size, tgt_len, overlap, "
+                    "windows_per_batch, corpus split, shuffle_documents, seed, train_wrap); set it back "
+                    "or start the run fresh"
+                )
         self.epoch = state["epoch"]
-        if self.shuffle_documents:
+        self.offset = state["offset"]
+        if self.offset or self.shuffle_documents:
             self._build_layout()
         self._next_batch = state["next_batch"]
         # A state saved after the epoch's last batch resumes at the start of the next epoch.
