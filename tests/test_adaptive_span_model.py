@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 
-import longctx.methods.adaptive_span.module as adaptive_span_module
-from longctx.methods.adaptive_span.module import SPAN_FIGURE, AdaptiveSpanLM
+import longctx.methods.adaptive_span.figures as adaptive_span_figures
+from longctx.methods.adaptive_span.figures import SPAN_FIGURE
+from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.optim.adagrad import ClippedAdagrad
 from tests.lm_fixtures import SyntheticData, cpu_trainer
 
@@ -203,16 +204,22 @@ class FakeWandb(Logger):
 
 
 def test_span_logs_and_figure_at_fit_end(tmp_path, monkeypatch):
-    monkeypatch.setattr(adaptive_span_module, "WandbLogger", FakeWandb)
+    monkeypatch.setattr(adaptive_span_figures, "WandbLogger", FakeWandb)
     model, record, logger = tiny(span_loss=1e-3), Record(), FakeWandb()
     set_spans(model, [[0.1, 0.3], [0.5, 0.9]])
     fit(model, tmp_path, callbacks=[record], logger=logger, max_steps=2)
     first = next(m for m in logger.metrics if "span/avg" in m)
     z = S * record.z_before[0]  # spans during the first step
-    assert first["span/avg"] == pytest.approx(float(z.mean()), rel=1e-6)
+    assert first["span/z_avg"] == pytest.approx(float(z.mean()), rel=1e-6)
+    assert first["span/z_max"] == pytest.approx(float(z.max()), rel=1e-6)
     for i in range(N_LAYERS):
         for j in range(H):
-            assert first[f"span/layer{i}/head{j}"] == pytest.approx(float(z[i, j]), rel=1e-6)
+            assert first[f"span/z/layer{i}/head{j}"] == pytest.approx(float(z[i, j]), rel=1e-6)
+    # The released code's report (R = 8): per layer ceil(S·z') + R of the heads' mean / max z',
+    # clipped to S = 64; mean / max over layers. Layer means 0.2, 0.7 -> 13 + 8, 45 + 8; maxima
+    # 0.3, 0.9 -> 20 + 8, 58 + 8 clipped to 64.
+    assert first["span/avg"] == (21 + 53) / 2
+    assert first["span/max"] == 64
     assert first["span/penalty"] == pytest.approx(1e-3 * float(z.sum()) / H, rel=1e-6)
     # attended positions per layer: largest span + R rounded up to 64 positions of S = 64
     assert first["span/attended"] == 64

@@ -53,6 +53,16 @@ def attended_length(max_span: float, S: int, R: int) -> int:
     return S - trim
 
 
+def reported_span(z_ratio: Tensor, S: int, R: int) -> Tensor:
+    """The span the released code reports for z' (any shape): ceil(z'·S) + R, clipped to [0, S].
+
+    The code's `AdaptiveMask.get_current_avg_size` / `get_current_max_size` apply this to a layer's
+    mean / largest z' over heads; its logger averages the former and takes the max of the latter over
+    layers (`span_avg`, `span_max`). Computed in float64 like the code's Python float product.
+    """
+    return (torch.ceil(z_ratio.double() * S) + R).clamp(0, S)
+
+
 class AdaptiveMask(nn.Module):
     """One learned span per head, z = S·z' (paper §2.2, code `AdaptiveMask` / `AdaptiveSpan`).
 

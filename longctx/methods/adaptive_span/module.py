@@ -11,21 +11,18 @@ layer, summed over layers; M = heads per layer). z' is clamped to [0, 1] after e
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.loggers import WandbLogger
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from longctx.methods.adaptive_span.attention import SpanKind
+from longctx.methods.adaptive_span.figures import SpanFigure
+from longctx.methods.adaptive_span.mask import reported_span
 from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
 from longctx.models.base import LMBase, StepOutput
 from longctx.optim.adagrad import ClippedAdagrad
-
-SPAN_FIGURE = "span_by_layer.png"
 
 
 class AdaptiveSpanLM(LMBase):
@@ -120,19 +117,37 @@ class AdaptiveSpanLM(LMBase):
         return StepOutput(nll=nll, memory=out.cache, extra_loss=extra_loss, logs=logs)
 
     def _span_logs(self, out: SpanTransformerOutput) -> dict[str, Tensor | float]:
-        """span/avg, span/penalty (λ·Σ_layers (1/M)·Σ_heads z), span/attended (mean previous positions
-        attended per layer) and span/layer{i}/head{j}. All are logged every step: the logger writes
-        them every `log_every_n_steps`, with the values of that step."""
+        """The spans, two ways, plus the penalty and the attended length.
+
+        - `span/avg`, `span/max`: as the released code reports them (`reported_span`): per layer
+          ceil(z'·S) + R of the mean (resp. largest) z' of its heads, clipped to S; then the mean
+          (resp. max) over layers. These count the ramp and round up, so they are what the papers'
+          "average span" tables compare with.
+        - `span/z_avg`, `span/z_max`, `span/z/layer{i}/head{j}`: the raw learned spans z = S·z'
+          (dynamic spans: z_t averaged over the block's tokens).
+        - `span/penalty` (λ·Σ_layers (1/H)·Σ_heads z) and `span/attended` (mean previous positions
+          attended per layer, after trimming).
+        All are logged every step: the logger writes them every `log_every_n_steps`, with the values
+        of that step (kept on the device: no host sync per step).
+        """
         logs: dict[str, Tensor | float] = {"span/attended": sum(out.attended) / len(out.attended)}
         if not out.spans:
             return logs
-        self._last_spans = [z.detach() for z in out.spans]  # kept on the device: no sync per step
-        spans = torch.stack(out.spans)  # (n_layers, H)
-        logs["span/avg"] = spans.mean()
+        self._last_spans = [z.detach() for z in out.spans]
+        z = torch.stack(out.spans).float()  # (n_layers, H)
+        S, R = self.hparams.attn_span, self.hparams.span_ramp
+        if self.hparams.span == "adaptive":  # the parameter z' itself, as the code reads it
+            z_ratio = torch.stack([layer.attn.adaptive_mask.z_ratio.detach() for layer in self.net.layers])
+        else:
+            z_ratio = z / S
+        logs["span/avg"] = reported_span(z_ratio.mean(-1), S, R).mean().float()
+        logs["span/max"] = reported_span(z_ratio.amax(-1), S, R).max().float()
+        logs["span/z_avg"] = z.mean()
+        logs["span/z_max"] = z.max()
         logs["span/penalty"] = (self.span_loss * out.penalty).detach()
-        for i, layer_spans in enumerate(spans):
-            for j, z in enumerate(layer_spans):
-                logs[f"span/layer{i}/head{j}"] = z
+        for i, layer_spans in enumerate(z):
+            for j, z_ij in enumerate(layer_spans):
+                logs[f"span/z/layer{i}/head{j}"] = z_ij
         return logs
 
     # ------------------------------------------------------------------ span parameters
@@ -150,28 +165,6 @@ class AdaptiveSpanLM(LMBase):
         n_heads = self.hparams.n_heads
         return [torch.full((n_heads,), float(self.hparams.attn_span)) for _ in self.net.layers]
 
-    def span_figure(self) -> Figure:
-        """The paper's Figure 4: the span of every head, by layer (log scale)."""
-        spans = self.head_spans()
-        fig = Figure(figsize=(6, 3.5))
-        ax = fig.add_subplot()
-        for i, z in enumerate(spans):
-            ax.scatter([i + 1] * len(z), z.clamp_min(1.0).numpy(), s=14, color="tab:blue")
-        ax.set_yscale("log")
-        ax.set_xlabel("layer")
-        ax.set_ylabel("attention span z")
-        ax.set_xticks(range(1, len(spans) + 1))
-        ax.set_title(f"{self.hparams.span} span per head (S = {self.hparams.attn_span})")
-        fig.tight_layout()
-        return fig
-
-    def on_fit_end(self) -> None:
-        super().on_fit_end()
-        if self.hparams.span == "fixed" or not self.trainer.is_global_zero:
-            return
-        path = Path(self.trainer.default_root_dir) / SPAN_FIGURE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.span_figure().savefig(path, dpi=120)
-        for logger in self.trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_image(key="span/by_layer", images=[str(path)])
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """The span figure (paper Figure 4) for every run with learned spans; see `figures.py`."""
+        return [] if self.hparams.span == "fixed" else [SpanFigure()]
