@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from longctx.data.datamodule import LMDataModule
+from tests.conftest import shared_dir, skip_without_shared
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present")
+SHARED = shared_dir() / "data"
+needs_shared = skip_without_shared("data")
 
 
 def test_sample_corpus_needs_no_network(tmp_path):

@@ -23,8 +23,9 @@ from longctx.data import corpora
 from longctx.data.cache import CorpusSpec, load_corpus, prepare_corpus, vocab_size_of
 from longctx.data.corpora import Archive, Checksum, Member
 from longctx.data.download import ChecksumError, DataError, fetch
+from tests.conftest import shared_dir, skip_without_shared
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = shared_dir() / "data"
 
 
 class Server:
@@ -218,7 +219,7 @@ def test_existing_gzipped_files_need_no_network(tiny_wikitext, tmp_path):
 
 
 # ---------------------------------------------------------------------------------- PG-19 and GPT-2
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present")
+needs_shared = skip_without_shared("data")
 
 BOOKS = {
     "train": {"200.txt": "Second book.\n", "100.txt": "First book, by name.\n", "300.txt": "Third.\n"},
@@ -276,6 +277,7 @@ def test_pg19_corrupt_book_is_rejected(server, tmp_path, monkeypatch):
     assert not (tmp_path / "pg19" / "test" / "500.txt").exists()
 
 
+@needs_shared  # the GPT-2 tokenizer loads before the books are looked for
 def test_pg19_offline_without_books_names_the_folder(tmp_path):
     with pytest.raises(DataError, match=r"pg19: no books for split train .*train"):
         prepare_corpus(spec(tmp_path, None, name="pg19", download=False, tokenizer=str(SHARED / "gpt2")))

@@ -44,6 +44,7 @@ from longctx.methods.recurrence.network import (
     run_window,
     valid_positions,
 )
+from tests.conftest import shared_dir, skip_without_shared
 
 VOCAB, D, N_LAYER, N_HEAD, L_INS = 101, 32, 4, 4, 2
 TINY = {"n_layer": N_LAYER, "n_embd": D, "n_head": N_HEAD, "n_positions": 64}
@@ -400,6 +401,7 @@ class WindowData(pl.LightningDataModule):
         )
 
 
+@skip_without_shared("data", "gpt2")  # the tokenizer files the export copies
 def test_tiny_trainer_run_export_and_reload_as_pretrained(tmp_path):
     m = module(lr_scheduler=None)
     data = WindowData()
@@ -415,7 +417,7 @@ def test_tiny_trainer_run_export_and_reload_as_pretrained(tmp_path):
     ckpt = tmp_path / "last.ckpt"
     trainer.save_checkpoint(ckpt)
     out = tmp_path / "hf"
-    main(["export", str(ckpt), str(out), "--tokenizer", "/work/shared/data/gpt2"])
+    main(["export", str(ckpt), str(out), "--tokenizer", str(shared_dir() / "data" / "gpt2")])
     assert (out / "vocab.json").is_file() and (out / "merges.txt").is_file()
     reloaded = RecurrentGPT2LM(vocab_size=VOCAB, pretrained=str(out), recurrence=True).eval()
     x = tokens(2, 8)
@@ -486,9 +488,9 @@ def test_evaluate_overlaps_from_the_cli_on_real_wikitext_raw(tmp_path, monkeypat
     from longctx.cli import main as cli_main
 
     repo = Path(__file__).resolve().parents[1]
-    shared = repo.parent / "shared" / "data"
+    shared = shared_dir() / "data"
     if not (shared / "wikitext-raw").is_dir():
-        pytest.skip("../shared/data is not available")
+        pytest.skip(f"{shared / 'wikitext-raw'} is not present (../shared, or set $LONGCTX_SHARED)")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     cli = cli_main([

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from longctx.sweep import run_lines, task_arguments
+from tests.conftest import shared_dir, skip_without_shared
 from tests.fake_slurm import slurm_node_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,8 +146,8 @@ def test_paper_sweeps_name_existing_configs_and_subcommands(sweep):
     assert len(set(names)) == len(names)
 
 
-SHARED = REPO.parent / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present")
+SHARED = shared_dir() / "data"
+needs_shared = skip_without_shared("data")
 
 
 @pytest.mark.slow
@@ -174,6 +175,10 @@ def test_train_script_runs_two_ranks_of_ddp_under_srun(tmp_path, config):
         "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(tmp_path / "runs"), "--data.cache_dir", str(tmp_path / "cache"),
     ]  # fmt: skip
+    if config != "configs/quickstart.yaml":  # the tiny configs' ../shared/data, wherever shared_dir() is
+        overrides += ["--data.root", str(SHARED)]
+    if "gpt2" in config:
+        overrides += ["--data.tokenizer", str(SHARED / "gpt2")]
     result = subprocess.run(
         ["bash", str(REPO / "slurm/train.sbatch"), config, *overrides],
         env=env,

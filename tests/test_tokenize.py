@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +21,10 @@ from longctx.data.tokenize import (
     gpt2_tokenizer_from_files,
     text_chunks,
 )
+from tests.conftest import shared_dir, skip_without_shared
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present")
+SHARED = shared_dir() / "data"
+needs_shared = skip_without_shared("data")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,34 @@
+"""What every test may rely on, and nothing about this machine.
+
+- `shared_dir()`: the folder of real corpus pieces, GPT-2 BPE files and the authors' checkpoints,
+  `../shared` beside the repository (or `$LONGCTX_SHARED`). A stranger's clone has none: tests that
+  need it carry `skip_without_shared(...)` and skip, saying which path is missing. Point `LONGCTX_SHARED` at
+  an empty folder to check that the suite skips (never fails) without it.
+- W&B is off unless a test turns it on (no account, no network, no `wandb/` folders).
+- Two tiers (pyproject's `addopts` deselects `slow`): `python -m pytest -q` is the fast tier,
+  `python -m pytest -q -m slow` the rest (compile, DDP, SLURM, resume), `-m ''` both.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+def shared_dir() -> Path:
+    """`$LONGCTX_SHARED`, else `../shared` beside the repository; it may not exist."""
+    return Path(os.environ.get("LONGCTX_SHARED", REPO.parent / "shared")).expanduser().resolve()
+
+
+def skip_without_shared(*parts: str) -> pytest.MarkDecorator:
+    """Skip unless `shared_dir() / parts` exists (e.g. `skip_without_shared("data", "gpt2")`)."""
+    path = shared_dir().joinpath(*parts)
+    return pytest.mark.skipif(
+        not path.exists(), reason=f"{path} is not present (../shared, or set $LONGCTX_SHARED)"
+    )
