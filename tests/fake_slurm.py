@@ -4,7 +4,9 @@ one node, each with its SLURM_PROCID / SLURM_LOCALID, and logs each rank to $SRU
 from __future__ import annotations
 
 import os
+import shlex
 import socket
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +31,15 @@ def install_fake_srun(bin_dir: Path) -> Path:
     return srun
 
 
+def install_python(bin_dir: Path) -> Path:
+    """A `python` that runs this test's interpreter: the sbatch scripts call `python`, and a
+    stranger's PATH may name another one (without longctx), or none."""
+    python = bin_dir / "python"
+    python.write_text(f'#!/usr/bin/env bash\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
 def free_port() -> int:
     """A TCP port free right now, for MASTER_PORT."""
     with socket.socket() as s:
@@ -38,11 +49,13 @@ def free_port() -> int:
 
 def slurm_node_env(tmp_path: Path, ntasks: int, **variables: str) -> dict[str, str]:
     """This process's environment as a job step of `ntasks` tasks on one node sees it: the fake
-    `srun` in `tmp_path/bin` (put other fake tools there too) first on PATH, rank logs in `tmp_path`,
-    W&B off, a free MASTER_PORT, SLURM's variables; `variables` add or override any of them."""
+    `srun` and this test's `python` in `tmp_path/bin` (put other fake tools there too) first on PATH,
+    rank logs in `tmp_path`, W&B off, a free MASTER_PORT, SLURM's variables; `variables` add or
+    override any of them."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     install_fake_srun(bin_dir)
+    install_python(bin_dir)
     inherited = {
         k: v
         for k, v in os.environ.items()

@@ -12,7 +12,7 @@ import torch
 
 from longctx.sweep import run_lines, task_arguments
 from tests.conftest import shared_dir, skip_without_shared
-from tests.fake_slurm import slurm_node_env
+from tests.fake_slurm import install_python, slurm_node_env
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
@@ -42,13 +42,15 @@ def test_every_script_signals_before_the_time_limit_and_requeues():
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """A PATH with a fake `srun` that records its arguments, and a SLURM-like environment."""
+    """A PATH with a fake `srun` that records its arguments and this test's `python`, and a SLURM-like
+    environment."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "srun_args"
     srun = bin_dir / "srun"
     srun.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > {record}\n')
     srun.chmod(0o755)
+    install_python(bin_dir)
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
