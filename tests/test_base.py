@@ -12,7 +12,6 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from longctx.models.base import StepOutput
-from longctx.optim.schedules import WarmupCosine
 from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer, reference_eval_loss
 
 
@@ -79,23 +78,6 @@ def test_extra_loss_is_added_to_the_training_loss(tmp_path):
     t.fit(model, datamodule=data)
     # train/loss logs the NLL alone; the optimised loss includes the penalty.
     assert float(t.callback_metrics["train/loss"]) < 5.0
-
-
-def test_warmup_cosine_schedule():
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
-    sched = WarmupCosine(opt, warmup_steps=4, max_steps=12, min_lr_ratio=0.1)
-    lrs = []
-    for _ in range(14):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs[:5] == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
-    assert lrs[8] == pytest.approx(0.2 + 1.8 * 0.5)  # half-way through the cosine
-    assert lrs[12:] == pytest.approx([0.2, 0.2])
-    constant = WarmupCosine(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 2, None)
-    assert [constant.factor(s) for s in (0, 1, 2, 1000)] == [0.0, 0.5, 1.0, 1.0]
-    with pytest.raises(ValueError, match="must exceed warmup_steps"):
-        WarmupCosine(opt, warmup_steps=10, max_steps=5)
 
 
 def _fit(tmp_path: Path, record: Path, ckpt_path: str | None = None, **kwargs) -> CarryLM:

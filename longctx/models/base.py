@@ -266,6 +266,9 @@ class LMBase(pl.LightningModule):
         if self.lr_scheduler_factory is None:
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
+        if follow_trainer := getattr(scheduler, "follow_trainer", None):
+            # A schedule configured without a length decays over the trainer's max_steps.
+            follow_trainer(self.trainer.max_steps if self._trainer is not None else None)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ------------------------------------------------------------------ checkpoints
