@@ -14,7 +14,6 @@ from longctx.methods.adaptive_span.flops import flops_per_token, parameter_count
 from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, attended_length
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.optim.adagrad import ClippedAdagrad
-from longctx.optim.schedules import WarmupStepDecay
 
 
 def net(
@@ -314,19 +313,3 @@ def test_flops_count_matches_the_model_parameters_and_trimming():
     trimmed = flops_per_token(16, 2, 32, 20, spans, span_ramp=32, attn_span=512, attended="trimmed")
     assert trimmed == base + 3 * 16 * sum(out.attended)
     assert out.attended == [192, 64]
-
-
-def test_warmup_step_decay_is_the_code_schedule():
-    """Linear warm-up from 0, constant, ×gamma at the fine-tuning milestone (enwik8_large.sh)."""
-    p = nn.Parameter(torch.zeros(1))
-    opt = torch.optim.SGD([p], lr=0.07)
-    schedule = WarmupStepDecay(opt, warmup_steps=4, milestones=[6], gamma=0.1)
-    lrs = []
-    for _ in range(8):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        schedule.step()
-    expected = [0.0, 0.0175, 0.035, 0.0525, 0.07, 0.07, 0.007, 0.007]
-    assert lrs == pytest.approx(expected)
-    with pytest.raises(ValueError):
-        WarmupStepDecay(opt, warmup_steps=10, milestones=[5])

@@ -1,4 +1,4 @@
-"""Learning-rate schedules: shapes and length from the trainer."""
+"""Learning-rate schedules: shapes, length from the trainer, and adaptive-span's warm-up convention."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from longctx.optim.schedules import WarmupConstant, WarmupCosine
+from longctx.optim.adagrad import ClippedAdagrad
+from longctx.optim.schedules import WarmupConstant, WarmupCosine, WarmupStepDecay
 from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer
 
 
@@ -83,3 +84,48 @@ def test_a_checkpoint_restores_the_position_not_the_settings():
     resumed = WarmupCosine(_sgd(1.0), warmup_steps=2, max_steps=20)  # the config now says 20 steps
     resumed.load_state_dict(saved.state_dict())
     assert (resumed.last_epoch, resumed.max_steps) == (6, 20)
+
+
+def test_adaptive_span_warmup_first_update_already_moves_the_weights():
+    """adaptive-span steps its LambdaLR(min(1, ep / W)) before each update: update k uses lr·min(1, k/W)."""
+    lrs = _lrs(WarmupStepDecay(_sgd(0.07), warmup_steps=4, milestones=[6], gamma=0.1), 8)
+    assert lrs == pytest.approx([0.0175, 0.035, 0.0525, 0.07, 0.07, 0.07, 0.007, 0.007])
+    assert _lrs(WarmupStepDecay(_sgd(0.07), warmup_steps=0), 2) == pytest.approx([0.07, 0.07])
+    with pytest.raises(ValueError, match="must not fall inside the warm-up"):
+        WarmupStepDecay(_sgd(0.07), warmup_steps=10, milestones=[5])
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_adaptive_span_warmup_with_clipped_adagrad_matches_the_released_training_loop(tmp_path):
+    """Weights and Adagrad sums after 6 updates equal the released loop's order of calls:
+    `scheduler.step(); optimizer.step()` with `LambdaLR(lambda ep: min(1, ep / W))`."""
+    W, lr, updates = 4, 0.07, 6
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 5) * 0.1 for _ in range(updates)]
+    start = torch.randn(3, 5)
+
+    def run(ours: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        p = nn.Parameter(start.clone())
+        opt = ClippedAdagrad([p], lr=lr, grad_clip=0.03)
+        if ours:
+            schedule = WarmupStepDecay(opt, warmup_steps=W)
+        else:
+            schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda ep: min(1, ep / W))
+        for g in grads:
+            p.grad = g.clone()
+            if not ours:
+                schedule.step()
+            opt.step()
+            if ours:
+                schedule.step()
+        return p.detach(), opt.state[p]["sum"]
+
+    (ours_p, ours_sum), (ref_p, ref_sum) = run(True), run(False)
+    torch.testing.assert_close(ours_p, ref_p, rtol=0, atol=0)
+    torch.testing.assert_close(ref_sum, ours_sum, rtol=0, atol=0)
+    # Every update's unclipped gradient enters the sums, the first one's included (addcmul may fuse).
+    torch.testing.assert_close(ours_sum, sum(g * g for g in grads), rtol=1e-6, atol=0)
+
+    # The same through Lightning's stepping (interval="step"): updates 1..5 use lr·k/4, then lr.
+    lrs = _fit_lrs(tmp_path, partial(WarmupStepDecay, warmup_steps=W), max_steps=6)
+    assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])

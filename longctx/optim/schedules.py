@@ -110,13 +110,16 @@ class WarmupConstant(_ConfiguredLambdaLR):
 
 
 class WarmupStepDecay(_ConfiguredLambdaLR):
-    """Linear warm-up from 0 over `warmup_steps`, then constant, times `gamma` at each milestone.
+    """Adaptive Span's schedule: update k (1-based) uses lr · min(1, k / warmup_steps), times `gamma`
+    for each milestone m < k.
 
-    Adaptive Span's schedule (facebookresearch/adaptive-span: `--lr-warmup 32000`, a `LambdaLR` of
-    min(1, step / warmup)); its large models are then fine-tuned for 20k more steps at a 10× smaller
-    rate (`experiments/enwik8_large.sh`: 150k steps at 0.07, then 20k at 0.007), which is
-    `milestones=[150000], gamma=0.1` here. The code steps its scheduler before the optimizer, so its
-    first update already uses 1/warmup of the rate; here the first update uses 0 (one step later).
+    facebookresearch/adaptive-span (`utils._get_scheduler`: `LambdaLR(lambda ep: min(1, ep / lr_warmup))`;
+    `trainer._train_batch` calls `scheduler.step()` *before* `optimizer.step()`), so its first update
+    already moves the weights with lr / warmup; Lightning steps a scheduler after the update, hence
+    the `step + 1` below. With any warm-up the Adagrad accumulator sums every update's gradient,
+    the first included. The large models are then fine-tuned for 20k more steps at a 10× smaller
+    rate by resuming with `--lr 0.007` (`experiments/enwik8_large.sh`: 150k steps at 0.07, then 20k):
+    `milestones=[150000], gamma=0.1` here, whose update 150001 is the first at the smaller rate.
     """
 
     SETTINGS = ("warmup_steps", "milestones", "gamma")
@@ -140,6 +143,7 @@ class WarmupStepDecay(_ConfiguredLambdaLR):
         super().__init__(optimizer, self.factor)
 
     def factor(self, step: int) -> float:
-        """Multiplier of the base learning rate after `step` optimizer steps."""
-        warmup = step / self.warmup_steps if step < self.warmup_steps else 1.0
+        """Multiplier of the base learning rate of update `step + 1` (after `step` optimizer steps)."""
+        update = step + 1
+        warmup = min(1.0, update / self.warmup_steps) if self.warmup_steps else 1.0
         return warmup * self.gamma ** sum(step >= m for m in self.milestones)
