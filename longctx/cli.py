@@ -26,9 +26,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
-from matplotlib.figure import Figure
 
 from longctx.data.datamodule import LMDataModule
+from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.models.base import LMBase
 
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
@@ -118,61 +118,9 @@ class LongCtxTrainer(Trainer):
         overlaps: list[int] = [0, 5, 10, 30, 50],  # noqa: B006 (a CLI default, never mutated)
         split: Literal["valid", "test"] = "test",
     ) -> list[dict[str, float]]:
-        """Evaluate one checkpoint at several window overlaps (Yoshida et al. 2020, §4.2).
-
-        Windows stay T tokens long; overlap o makes the stride T - o, so each scored token sees
-        more context at a higher cost. Logs a table of every metric against the overlap under
-        `eval/overlaps`, saves the figure of perplexity against overlap and against FLOPs per token
-        (the paper's trade-off) as `<run dir>/overlaps_<split>.png` (also logged to W&B), and returns
-        the rows.
-        """
-        if datamodule.mode != "windows":
-            raise ValueError("evaluate_overlaps needs data.mode: windows (a windowed GPT-2 config)")
-        evaluate = self.test if split == "test" else self.validate
-        rows = []
-        for overlap in overlaps:
-            datamodule.set_eval_overlap(overlap)
-            metrics = evaluate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)[0]
-            rows.append({"overlap": overlap, **{k: float(v) for k, v in metrics.items()}})
-            ckpt_path = None  # weights are loaded once
-        columns = sorted({key for row in rows for key in row} - {"overlap"})
-        stage = "test" if split == "test" else "val"
-        figure_path = Path(self.default_root_dir) / f"overlaps_{split}.png"
-        if self.is_global_zero:
-            figure_path.parent.mkdir(parents=True, exist_ok=True)
-            overlap_figure(rows, stage).savefig(figure_path, dpi=120)
-        for logger in self.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_table(
-                    "eval/overlaps",
-                    columns=["overlap", *columns],
-                    data=[[row["overlap"], *(row.get(c) for c in columns)] for row in rows],
-                )
-                logger.log_image(key="eval/overlaps_figure", images=[str(figure_path)])
-        header = " ".join(f"{name:>18s}" for name in ["overlap", *columns])
-        print(header)
-        for row in rows:
-            print(" ".join(f"{row.get(name, float('nan')):>18.6g}" for name in ["overlap", *columns]))
-        return rows
-
-
-def overlap_figure(rows: list[dict[str, float]], stage: str) -> Figure:
-    """Perplexity (per token, and per word when known) against the overlap and against FLOPs/token."""
-    metrics = [m for m in (f"{stage}/ppl", f"{stage}/word_ppl") if all(m in row for row in rows)]
-    flops = f"{stage}/flops_per_token"
-    panels = [("overlap", "overlap o (tokens)")]
-    if all(flops in row for row in rows):
-        panels.append((flops, "FLOPs per token"))
-    fig = Figure(figsize=(4.5 * len(panels), 3.5))
-    for i, (x_key, x_label) in enumerate(panels, start=1):
-        ax = fig.add_subplot(1, len(panels), i)
-        for metric in metrics:
-            ax.plot([row[x_key] for row in rows], [row[metric] for row in rows], marker="o", label=metric)
-        ax.set_xlabel(x_label)
-        ax.set_ylabel("perplexity")
-        ax.legend()
-    fig.tight_layout()
-    return fig
+        """Evaluate one checkpoint at several window overlaps (Yoshida et al. 2020, §4.2); see
+        `longctx.methods.recurrence.overlaps` (table, figure, W&B). Returns one row per overlap."""
+        return evaluate_overlaps(self, model, datamodule, ckpt_path, overlaps, split)
 
 
 class LongCtxCLI(LightningCLI):

@@ -26,13 +26,14 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from longctx.data.streams import SegmentStream
+from longctx.methods.recurrence.export import lm_from_checkpoint, main
 from longctx.methods.recurrence.flops import (
     counted_non_embedding_params,
     flops_per_scored_token,
     hf_model_flops_per_scored_token,
     kaplan_non_embedding_params,
 )
-from longctx.methods.recurrence.module import RecurrentGPT2LM, lm_from_checkpoint, main
+from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.recurrence.network import (
     RECURRENCE_EAGER,
     RECURRENCE_SDPA,
@@ -417,7 +418,7 @@ def test_tiny_trainer_run_export_and_reload_as_pretrained(tmp_path):
     ckpt = tmp_path / "last.ckpt"
     trainer.save_checkpoint(ckpt)
     out = tmp_path / "hf"
-    main(["export", str(ckpt), str(out), "--tokenizer", str(shared_dir() / "data" / "gpt2")])
+    main([str(ckpt), str(out), "--tokenizer", str(shared_dir() / "data" / "gpt2")])
     assert (out / "vocab.json").is_file() and (out / "merges.txt").is_file()
     reloaded = RecurrentGPT2LM(vocab_size=VOCAB, pretrained=str(out), recurrence=True).eval()
     x = tokens(2, 8)

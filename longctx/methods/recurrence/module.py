@@ -17,7 +17,7 @@ randomly initialised GPT-2 (no weights can be downloaded on the test machines).
 Make your own small "pretrained" GPT-2 and add recurrence to it (the full recipe offline):
 
     python -m longctx fit --config configs/gpt2_window_tiny.yaml            # baseline from scratch
-    python -m longctx.methods.recurrence.module export runs/<run>/checkpoints/last.ckpt runs/gpt2_tiny_hf \
+    python -m longctx.methods.recurrence.export runs/<run>/checkpoints/last.ckpt runs/gpt2_tiny_hf \
         --tokenizer ../shared/data/gpt2
     python -m longctx fit --config configs/recurrent_gpt2_tiny.yaml \
         --model.init_args.pretrained runs/gpt2_tiny_hf --model.init_args.gpt2_config null
@@ -25,17 +25,13 @@ Make your own small "pretrained" GPT-2 and add recurrence to it (the full recipe
 
 from __future__ import annotations
 
-import argparse
-import gzip
-import shutil
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
@@ -187,77 +183,8 @@ class RecurrentGPT2LM(LMBase):
             if isinstance(module, PreTrainedModel):
                 _CAN_RECORD_REGISTRY[module] = module._can_record_outputs
 
-    # ------------------------------------------------------------------ export
+    # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        # The LM's full config, so `export` rebuilds it without the hub or the original directory.
+        # The LM's full config, so `export.py` rebuilds it without the hub or the original directory.
         checkpoint[HF_CONFIG_KEY] = self.lm.config.to_dict()
-
-    def export_pretrained(self, out_dir: str | Path) -> Path:
-        """Write the LM as a Hugging Face directory (`from_pretrained` loads it, e.g. as `pretrained`
-        of a recurrent model). The recurrence's own weights (layer weights, FFN) are not part of it."""
-        return save_lm(self.lm, out_dir)
-
-
-def save_lm(lm: PreTrainedModel, out_dir: str | Path) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    lm.set_attn_implementation("sdpa")  # a plain directory: loaders choose their attention
-    try:
-        lm.save_pretrained(out)
-    finally:
-        lm.set_attn_implementation(RECURRENCE_IMPLEMENTATIONS["sdpa"])
-    return out
-
-
-def lm_from_checkpoint(ckpt_path: str | Path) -> PreTrainedModel:
-    """The causal LM of a `RecurrentGPT2LM` Lightning checkpoint (no hub access needed)."""
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    if HF_CONFIG_KEY not in ckpt:
-        raise ValueError(f"{ckpt_path} is not a RecurrentGPT2LM checkpoint (no {HF_CONFIG_KEY!r} entry)")
-    fields = dict(ckpt[HF_CONFIG_KEY])
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    lm = AutoModelForCausalLM.from_config(config)
-    state = {k.removeprefix("lm."): v for k, v in ckpt["state_dict"].items() if k.startswith("lm.")}
-    missing, unexpected = lm.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", True) else set()
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"checkpoint does not match the LM: missing {missing}, unexpected {unexpected}")
-    lm.tie_weights()
-    return lm
-
-
-def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
-    """Copy GPT-2 BPE files into an HF directory as vocab.json/merges.txt; the source may hold those or
-    OpenAI's encoder.json/vocab.bpe, gzip'd or not (as in ../shared/data/gpt2)."""
-    src, out = Path(src), Path(out_dir)
-    for names, target in (
-        (("vocab.json", "encoder.json"), "vocab.json"),
-        (("merges.txt", "vocab.bpe"), "merges.txt"),
-    ):
-        candidates = [(src / n, open) for n in names] + [(src / f"{n}.gz", gzip.open) for n in names]
-        found = [(path, opener) for path, opener in candidates if path.is_file()]
-        if not found:
-            raise FileNotFoundError(f"no {' or '.join(names)} (or .gz) in {src}")
-        path, opener = found[0]
-        with opener(path, "rb") as f_in, open(out / target, "wb") as f_out:
-            shutil.copyfileobj(f_in, f_out)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m longctx.methods.recurrence.module export CKPT OUT_DIR [--tokenizer DIR]`."""
-    parser = argparse.ArgumentParser(prog="python -m longctx.methods.recurrence.module")
-    sub = parser.add_subparsers(dest="command", required=True)
-    export = sub.add_parser("export", help="write a checkpoint's GPT-2 as a Hugging Face directory")
-    export.add_argument("ckpt", help="a RecurrentGPT2LM Lightning checkpoint (e.g. a trained baseline)")
-    export.add_argument("out_dir", help="output directory (usable as model.init_args.pretrained)")
-    export.add_argument("--tokenizer", help="directory with the GPT-2 BPE files to copy alongside")
-    args = parser.parse_args(argv)
-    out = save_lm(lm_from_checkpoint(args.ckpt), args.out_dir)
-    if args.tokenizer:
-        copy_tokenizer(args.tokenizer, out)
-    print(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,79 @@
+"""The overlap sweep of Yoshida et al. (2020, §4.2): one checkpoint evaluated at several overlaps.
+
+Windows stay T tokens long; overlap o makes the stride T − o, so each scored token sees more context
+at a higher cost. `evaluate_overlaps` runs Lightning's test (or validate) loop once per overlap,
+prints and logs the table of every metric against o (`eval/overlaps`), and saves the figure of
+perplexity against o and against FLOPs per token (the paper's trade-off) as
+`<run dir>/overlaps_<split>.png` (also logged to W&B). The CLI's `evaluate_overlaps` subcommand
+(`python -m longctx evaluate_overlaps --config ... --ckpt_path ...`) calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import WandbLogger
+from matplotlib.figure import Figure
+
+from longctx.data.datamodule import LMDataModule
+
+
+def evaluate_overlaps(
+    trainer: pl.Trainer,
+    model: pl.LightningModule,
+    datamodule: LMDataModule,
+    ckpt_path: str | None,
+    overlaps: Sequence[int],
+    split: Literal["valid", "test"] = "test",
+) -> list[dict[str, float]]:
+    """Evaluate one checkpoint at every overlap; returns one row of metrics per overlap."""
+    if datamodule.mode != "windows":
+        raise ValueError("evaluate_overlaps needs data.mode: windows (a windowed GPT-2 config)")
+    evaluate = trainer.test if split == "test" else trainer.validate
+    rows = []
+    for overlap in overlaps:
+        datamodule.set_eval_overlap(overlap)
+        metrics = evaluate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)[0]
+        rows.append({"overlap": overlap, **{k: float(v) for k, v in metrics.items()}})
+        ckpt_path = None  # weights are loaded once
+    columns = sorted({key for row in rows for key in row} - {"overlap"})
+    stage = "test" if split == "test" else "val"
+    figure_path = Path(trainer.default_root_dir) / f"overlaps_{split}.png"
+    if trainer.is_global_zero:
+        figure_path.parent.mkdir(parents=True, exist_ok=True)
+        overlap_figure(rows, stage).savefig(figure_path, dpi=120)
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            logger.log_table(
+                "eval/overlaps",
+                columns=["overlap", *columns],
+                data=[[row["overlap"], *(row.get(c) for c in columns)] for row in rows],
+            )
+            logger.log_image(key="eval/overlaps_figure", images=[str(figure_path)])
+    header = " ".join(f"{name:>18s}" for name in ["overlap", *columns])
+    print(header)
+    for row in rows:
+        print(" ".join(f"{row.get(name, float('nan')):>18.6g}" for name in ["overlap", *columns]))
+    return rows
+
+
+def overlap_figure(rows: list[dict[str, float]], stage: str) -> Figure:
+    """Perplexity (per token, and per word when known) against the overlap and against FLOPs/token."""
+    metrics = [m for m in (f"{stage}/ppl", f"{stage}/word_ppl") if all(m in row for row in rows)]
+    flops = f"{stage}/flops_per_token"
+    panels = [("overlap", "overlap o (tokens)")]
+    if all(flops in row for row in rows):
+        panels.append((flops, "forward FLOPs per scored token"))
+    fig = Figure(figsize=(4.5 * len(panels), 3.5))
+    for i, (x_key, x_label) in enumerate(panels, start=1):
+        ax = fig.add_subplot(1, len(panels), i)
+        for metric in metrics:
+            ax.plot([row[x_key] for row in rows], [row[metric] for row in rows], marker="o", label=metric)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("perplexity")
+        ax.legend()
+    fig.tight_layout()
+    return fig
