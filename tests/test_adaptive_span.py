@@ -12,6 +12,7 @@ from torch import nn
 from longctx.methods.adaptive_span.attention import SpanAttention, band_attention, key_windows
 from longctx.methods.adaptive_span.flops import flops_per_token, parameter_count
 from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, attended_length
+from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.optim.adagrad import ClippedAdagrad
 
@@ -145,7 +146,7 @@ def test_full_span_adaptive_equals_fixed_on_the_same_weights(R):
     x = torch.randint(0, 20, (2, 24))
     a, f = adaptive(x, adaptive.init_cache(2)), fixed(x, fixed.init_cache(2))
     torch.testing.assert_close(a.logits, f.logits)
-    for ca, cf in zip(a.cache, f.cache):
+    for ca, cf in zip(a.cache.h_cache, f.cache.h_cache):
         torch.testing.assert_close(ca, cf)
 
 
@@ -193,7 +194,7 @@ def test_cache_across_batches_equals_the_concatenated_sequence(span, S, z_ratio,
         cache = out.cache
         logits.append(out.logits)
     if S == 256:
-        assert [c.shape[1] for c in cache] == [128, 128]
+        assert [c.shape[1] for c in cache.h_cache] == [128, 128]
     torch.testing.assert_close(torch.cat(logits, dim=1), whole)
 
 
@@ -208,14 +209,14 @@ def test_trimmed_cache_shrinks_with_z():
     assert model.cache_sizes() == [128, 384, 512]
     out = model(torch.randint(0, 20, (1, 16)), model.init_cache(1))
     assert out.attended == [64, 320, 512]
-    assert [c.shape[1] for c in out.cache] == [128, 384, 512]
+    assert [c.shape[1] for c in out.cache.h_cache] == [128, 384, 512]
 
 
 def test_trimming_only_drops_positions_whose_mask_is_zero(monkeypatch):
     model = net("adaptive", S=256, R=8)
     set_spans(model, [0.05, 0.1])  # z = 12.8, 25.6: mask 0 beyond distance 35; trimmed to 64
     x = torch.randint(0, 20, (2, 16))
-    cache = [torch.randn(2, 256, 16, dtype=torch.double) for _ in model.layers]
+    cache = SpanCache(tuple(torch.randn(2, 256, 16, dtype=torch.double) for _ in model.layers))
     trimmed = model(x, cache)
     assert trimmed.attended == [64, 64]
     for layer in model.layers:

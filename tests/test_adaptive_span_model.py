@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import Logger
 
 import longctx.methods.adaptive_span.figures as adaptive_span_figures
 from longctx.methods.adaptive_span.figures import SPAN_FIGURE
+from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.optim.adagrad import ClippedAdagrad
 from tests.lm_fixtures import SyntheticData, cpu_trainer
@@ -125,7 +126,7 @@ def test_dynamic_span_penalty_is_in_the_loss(tmp_path):
 def _dynamic_spans(model: AdaptiveSpanLM, x: torch.Tensor) -> list[torch.Tensor]:
     """z_t of every layer by running the blocks by hand (zero caches)."""
     h, spans = model.net.in_emb(x), []
-    for layer, cache in zip(model.net.layers, model.net.init_cache(x.shape[0])):
+    for layer, cache in zip(model.net.layers, model.net.init_cache(x.shape[0]).h_cache):
         spans.append(layer.attn.dynamic_span(h))
         h, _, _ = layer(h, cache, model.net.key_pe)
     return spans
@@ -247,7 +248,7 @@ def test_training_carries_the_cache_across_batches(tmp_path):
     first, second = record.batches
     assert torch.equal(first["input"][:, 1:], first["target"][:, :-1])
     assert torch.equal(second["input"][:, 0], first["target"][:, -1])
-    memory = record.memories[1]
+    memory = record.memories[1].h_cache
     assert [tuple(m.shape) for m in memory] == [(3, 64, 16)] * N_LAYERS
     # layer 0's cache ends with the embeddings of the first block's tokens (the weights of step 0)
     torch.testing.assert_close(memory[0][:, -16:], F.embedding(first["input"], record.embeddings[0]))
@@ -256,9 +257,9 @@ def test_training_carries_the_cache_across_batches(tmp_path):
 
 def test_reset_memory_rows_clears_only_those_rows():
     model = tiny()
-    memory = [torch.randn(3, 64, 16) for _ in range(N_LAYERS)]
+    memory = SpanCache(tuple(torch.randn(3, 64, 16) for _ in range(N_LAYERS)))
     reset = torch.tensor([False, True, False])
     out = model.reset_memory_rows(memory, reset)
-    for before, after in zip(memory, out):
+    for before, after in zip(memory.h_cache, out.h_cache):
         assert after[1].abs().max() == 0
         torch.testing.assert_close(after[[0, 2]], before[[0, 2]])

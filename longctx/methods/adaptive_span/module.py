@@ -20,6 +20,7 @@ from torch import Tensor
 from longctx.methods.adaptive_span.attention import SpanKind
 from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
+from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
 from longctx.models.base import LMBase, StepOutput
 from longctx.optim.adagrad import ClippedAdagrad
@@ -92,14 +93,14 @@ class AdaptiveSpanLM(LMBase):
         self._last_spans: list[Tensor] = []
 
     # ------------------------------------------------------------------ memory
-    def init_memory(self, batch_size: int) -> list[Tensor]:
+    def init_memory(self, batch_size: int) -> SpanCache:
         return self.net.init_cache(batch_size, device=self.device)
 
-    def reset_memory_rows(self, memory: list[Tensor], reset: Tensor) -> list[Tensor]:
-        return [h.masked_fill(reset.to(h.device)[:, None, None], 0.0) for h in memory]
+    def reset_memory_rows(self, memory: SpanCache, reset: Tensor) -> SpanCache:
+        return memory.reset_rows(reset)
 
     # ------------------------------------------------------------------ step
-    def step(self, batch: dict[str, Tensor], memory: list[Tensor]) -> StepOutput:
+    def step(self, batch: dict[str, Tensor], memory: SpanCache) -> StepOutput:
         x = batch["input"]
         if x.dim() != 2:
             raise ValueError(

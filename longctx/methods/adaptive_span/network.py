@@ -16,16 +16,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind
+from longctx.methods.adaptive_span.memory import SpanCache
 
 
 @dataclass
 class SpanTransformerOutput:
-    """logits (B, M, V); cache: per layer (B, C_l, d); penalty: Σ_layers (1/M)·Σ_heads z (None for
+    """logits (B, M, V); cache: the next block's `SpanCache`; penalty: Σ_layers (1/M)·Σ_heads z (None for
     fixed spans); spans: per layer the spans of its heads (H,) (mean over tokens for dynamic spans);
     attended: per layer the number of previous positions attended in this block."""
 
     logits: Tensor
-    cache: list[Tensor]
+    cache: SpanCache
     penalty: Tensor | None
     spans: list[Tensor]
     attended: list[int]
@@ -112,9 +113,9 @@ class SpanTransformer(nn.Module):
         """Per layer, how many previous hidden states the next block needs."""
         return [layer.attn.cache_size() for layer in self.layers]
 
-    def init_cache(self, batch_size: int, device: torch.device | None = None) -> list[Tensor]:
+    def init_cache(self, batch_size: int, device: torch.device | None = None) -> SpanCache:
         """Zero caches (B, C_l, d), as in the code (these zeros are attended, not masked)."""
-        return [torch.zeros(batch_size, C, self.d_model, device=device) for C in self.cache_sizes()]
+        return SpanCache.zeros(batch_size, self.cache_sizes(), self.d_model, device=device)
 
     def clamp_spans_(self) -> None:
         """Keep every z' in [0, 1] (after each optimizer step)."""
@@ -122,13 +123,13 @@ class SpanTransformer(nn.Module):
             if layer.attn.adaptive_mask is not None:
                 layer.attn.adaptive_mask.clamp_()
 
-    def forward(self, x: Tensor, cache: list[Tensor]) -> SpanTransformerOutput:
+    def forward(self, x: Tensor, cache: SpanCache) -> SpanTransformerOutput:
         """x: (B, M) token ids; cache: per layer (B, C_l, d) hidden states of the previous blocks."""
-        if len(cache) != len(self.layers):
-            raise ValueError(f"cache has {len(cache)} layers, the model {len(self.layers)}")
+        if len(cache.h_cache) != len(self.layers):
+            raise ValueError(f"cache has {len(cache.h_cache)} layers, the model {len(self.layers)}")
         h = self.emb_dropout(self.in_emb(x))  # (B, M, d)
         new_cache, spans, attended, penalties = [], [], [], []
-        for layer, h_cache in zip(self.layers, cache):
+        for layer, h_cache in zip(self.layers, cache.h_cache):
             # Sized before the layer runs, as in the code: the cache the next block will read.
             C_next = layer.attn.cache_size()
             new_cache.append(torch.cat([h_cache, h], dim=1)[:, -C_next:])
@@ -143,4 +144,4 @@ class SpanTransformer(nn.Module):
                 penalties.append(z_t.mean())
         logits = self.out_emb(self.emb_dropout(h))  # (B, M, V)
         penalty = torch.stack(penalties).sum() if penalties else None
-        return SpanTransformerOutput(logits, new_cache, penalty, spans, attended)
+        return SpanTransformerOutput(logits, SpanCache(tuple(new_cache)), penalty, spans, attended)
