@@ -1,6 +1,6 @@
-"""Callbacks that any method can opt into from its config (`trainer.callbacks`).
+"""`CompileNetwork`: `torch.compile` for any method, opted into from the config (`trainer.callbacks`).
 
-`CompileNetwork` wraps a method's network (`net`, or `lm` for the recurrent GPT-2: the module's
+It wraps a method's network (`net`, or `lm` for the recurrent GPT-2: the module's
 `network_attribute`) in `torch.compile` once the module is on its device. Memories change shape only
 at the first segments (empty -> full Transformer-XL memory, zero -> carried span cache) or when a
 learned span crosses a 64-position trimming step (Adaptive Span): `dynamic=None` lets Dynamo mark
