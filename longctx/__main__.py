@@ -1,6 +1,14 @@
-"""`python -m longctx fit|validate|test --config configs/X.yaml`."""
+"""`python -m longctx fit|validate|test --config configs/X.yaml`; `python -m longctx convert ...` turns a
+released checkpoint into a longctx one (`longctx.convert`)."""
 
-from longctx.cli import main
+import sys
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["convert"]:
+        from longctx.convert import main as convert_main
+
+        convert_main(sys.argv[2:])
+    else:
+        from longctx.cli import main
+
+        main()

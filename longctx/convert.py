@@ -1,0 +1,214 @@
+"""`python -m longctx convert --from FORMAT --config CONFIG SOURCE DEST`: a released checkpoint as a
+longctx Lightning checkpoint.
+
+The config says which longctx model the weights go into (its class and sizes); the format's
+converter (`longctx/methods/<method>/convert.py`) reads SOURCE without the authors' code, renames
+and reshapes its tensors into the model's own names and maps the vocabulary rows onto the data
+module's ids, so the same text gets the same scores as in the authors' code. DEST is then an
+ordinary checkpoint for
+
+    python -m longctx test --config CONFIG --ckpt_path DEST
+
+A word vocabulary travels as a text file next to DEST (`<DEST stem>.vocab.txt`, one symbol per
+line, id = line number), read by the data option `data.vocab_file`.
+
+Every tensor of the model must come from SOURCE (none is left at its initialisation), every tensor
+of SOURCE must be used or be one the format knows to be derived, and a shape that differs from the
+config's names both sides. DEST and the vocabulary file are written to temporary names and renamed.
+The checkpoint's `hyper_parameters` hold only the architecture (what fixes the tensors' shapes), so
+the config's evaluation settings (memory length, TRAMS, protocol) are never overridden by it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning
+import torch
+from torch import Tensor
+
+from longctx.data.datamodule import LMDataModule
+from longctx.models.base import LMBase
+
+# format -> module with `MODEL_CLASS`, `ARCH_KEYS`, `convert(source, model, datamodule, vocab)`.
+FORMATS = {
+    "adaptive-span": "longctx.methods.adaptive_span.convert",
+    "transfo-xl-hf": "longctx.methods.transformer_xl.convert",
+    "transfo-xl": "longctx.methods.transformer_xl.convert",
+}
+
+
+class ConvertError(ValueError):
+    """A checkpoint that cannot be converted into the configured model (message says why and how)."""
+
+
+@dataclass
+class Converted:
+    """What a format converter returns.
+
+    state_dict: tensors under the model's own names (tied names may be given once).
+    vocab: the word vocabulary in the checkpoint's id order, written next to DEST, or None.
+    notes: lines printed after conversion (e.g. evaluation settings the checkpoint was released with).
+    """
+
+    state_dict: dict[str, Tensor]
+    vocab: list[str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def vocab_path_for(dest: Path) -> Path:
+    """Where the word vocabulary of a converted checkpoint goes: `<dest stem>.vocab.txt`."""
+    return dest.with_name(f"{dest.stem}.vocab.txt")
+
+
+# ---------------------------------------------------------------------------------- config
+def load_config(config: Path, overrides: Sequence[str] = ()) -> tuple[LMBase, LMDataModule]:
+    """The model and data module a config describes, built by the project's own CLI parser (so
+    defaults, links such as `data.vocab_size` and class paths resolve exactly as in `test`), without
+    a trainer, logger or run directory."""
+    from longctx.cli import LongCtxCLI
+
+    class ConfigReader(LongCtxCLI):
+        def before_instantiate_classes(self) -> None:
+            self.config.trainer.logger = None
+            self.config.trainer.callbacks = None
+
+        def instantiate_classes(self) -> None:
+            init = self.parser.instantiate_classes(self.config)
+            self.model, self.datamodule = init.model, init.data
+
+    with warnings.catch_warnings():  # about args given while sys.argv holds `convert ...`
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
+        reader = ConfigReader(args=["--config", str(config), *overrides], run=False)
+    return reader.model, reader.datamodule
+
+
+# ---------------------------------------------------------------------------------- loading
+def _tied_groups(model: torch.nn.Module) -> dict[str, list[str]]:
+    """For every state_dict key, all keys naming the same tensor (tied weights)."""
+    by_tensor: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        by_tensor.setdefault(id(tensor), []).append(name)
+    return {name: names for names in by_tensor.values() for name in names}
+
+
+def load_converted(model: LMBase, state: dict[str, Tensor], source: str) -> None:
+    """Copy `state` into `model`, refusing missing, unknown or mis-shaped tensors with both names."""
+    expected = model.state_dict()
+    groups = _tied_groups(model)
+    unknown = sorted(set(state) - set(expected))
+    if unknown:
+        raise ConvertError(f"{source}: converted tensors {unknown} have no place in {type(model).__name__}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ConvertError(
+                f"{source}: tensor for {name} has shape {tuple(tensor.shape)}, the config's model "
+                f"{tuple(expected[name].shape)}: the config does not describe this checkpoint (check "
+                "the model sizes and the corpus/vocabulary in the config)"
+            )
+    missing = sorted(name for name in expected if not any(alias in state for alias in groups[name]))
+    if missing:
+        raise ConvertError(f"{source}: nothing in the checkpoint fills {missing}")
+    full = {name: state[next(a for a in groups[name] if a in state)] for name in expected}
+    model.load_state_dict(full, strict=True)
+
+
+def lightning_checkpoint(model: LMBase, arch_keys: Sequence[str], origin: dict[str, str]) -> dict[str, Any]:
+    """What `trainer.test(ckpt_path=...)` and `load_from_checkpoint` read: the state dict, the Lightning
+    version and the architecture hyperparameters (with `_class_path`, as LightningCLI saves them)."""
+    cls = type(model)
+    hparams = {key: model.hparams[key] for key in ("vocab_size", *arch_keys)}
+    return {
+        "state_dict": model.state_dict(),
+        "hyper_parameters": {"_class_path": f"{cls.__module__}.{cls.__qualname__}", **hparams},
+        "pytorch-lightning_version": lightning.__version__,
+        "epoch": 0,
+        "global_step": 0,
+        "converted_from": origin,
+    }
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------- command
+def convert(
+    fmt: str,
+    config: Path,
+    source: Path,
+    dest: Path,
+    vocab: Path | None = None,
+    overrides: Sequence[str] = (),
+) -> Converted:
+    """Convert `source` (a checkpoint in format `fmt`) into the model of `config`, saved as `dest`."""
+    if fmt not in FORMATS:
+        raise ConvertError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+    if not source.exists():
+        raise ConvertError(f"{source} does not exist")
+    converter = importlib.import_module(FORMATS[fmt])
+    model, datamodule = load_config(config, overrides)
+    if not isinstance(model, converter.MODEL_CLASS):
+        raise ConvertError(
+            f"format {fmt} converts into {converter.MODEL_CLASS.__name__}, but {config} configures "
+            f"{type(model).__name__}"
+        )
+    result = converter.convert(fmt, source, model, datamodule, vocab)
+    load_converted(model, result.state_dict, str(source))
+    origin = {"format": fmt, "source": str(source), "config": str(config)}
+    checkpoint = lightning_checkpoint(model, converter.ARCH_KEYS, origin)
+    if result.vocab is not None:
+        text = "".join(f"{symbol}\n" for symbol in result.vocab)
+        _atomic_write(vocab_path_for(dest), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    _atomic_write(dest, lambda tmp: torch.save(checkpoint, tmp))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m longctx convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--from", dest="fmt", required=True, help=f"source format: {', '.join(FORMATS)}")
+    parser.add_argument("--config", required=True, type=Path, help="the longctx config of the model")
+    parser.add_argument(
+        "--vocab",
+        type=Path,
+        default=None,
+        help="vocabulary source: adaptive-span: the authors' prepared data folder (train/valid/test.txt; "
+        "default: rebuilt from the config's corpus); transfo-xl: their corpus cache cache.pt (required); "
+        "transfo-xl-hf: vocab.pkl (default: SOURCE/vocab.pkl)",
+    )
+    parser.add_argument("source", type=Path, help="the released checkpoint (file or folder)")
+    parser.add_argument("dest", type=Path, help="the longctx checkpoint to write (.ckpt)")
+    args, overrides = parser.parse_known_args(argv)
+    try:
+        result = convert(args.fmt, args.config, args.source, args.dest, args.vocab, overrides)
+    except (ConvertError, ValueError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")
+    print(f"wrote {args.dest}")
+    test = f"python -m longctx test --config {args.config} --ckpt_path {args.dest}"
+    if result.vocab is not None:
+        print(f"wrote {vocab_path_for(args.dest)} ({len(result.vocab):,} symbols)")
+        test += f" --data.vocab_file {vocab_path_for(args.dest)}"
+    for note in result.notes:
+        print(note)
+    print(f"evaluate: {test}")

@@ -1,0 +1,120 @@
+"""Read the pickles the authors released without running any code they name.
+
+A pickle can make `pickle.load` call any importable function. The released files that are pickles
+(kimiyoung's `model.pt`, a whole pickled `MemTransformerLM`; Hugging Face's `vocab.pkl`, a pickled
+tokenizer `__dict__`) only need to *name* a few of the authors' classes. `RecordUnpickler` turns
+every object of an allowed class into an inert `Record` (its class name and its `__dict__`/state),
+rebuilds tensors through PyTorch's own `weights_only` rules, and refuses anything else with an error
+naming the global: nothing outside builtins containers and the allowed names is ever imported.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter, OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._weights_only_unpickler import _get_allowed_globals
+
+
+class UnsafePickleError(ValueError):
+    """The pickle names a global that is not on the allowed list."""
+
+
+class Record:
+    """An object of one of the authors' classes, kept as data: `cls` ("module.Name"), the arguments
+    it was called with (`args`) and its pickled state (`state`, a dict)."""
+
+    cls = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Record:
+        self = super().__new__(cls)
+        self.args, self.state = args, {}
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        # nn.Module pickles its __dict__; a (dict, slots) pair is the other standard form.
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict | None):
+            state = {**(state[0] or {}), **(state[1] or {})}
+        self.state = state if isinstance(state, dict) else {"state": state}
+
+    def __repr__(self) -> str:
+        return f"Record({self.cls})"
+
+
+def _record_class(full: str) -> type[Record]:
+    return type(full.rsplit(".", 1)[-1], (Record,), {"cls": full})
+
+
+# Plain containers the authors' objects hold; never anything callable beyond constructing them.
+_BUILTINS = {
+    ("collections", "OrderedDict"): OrderedDict,
+    ("builtins", "set"): set,
+    ("__builtin__", "set"): set,  # protocol-2 pickles name Python 2's module
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "slice"): slice,
+    ("builtins", "complex"): complex,
+    ("collections", "Counter"): Counter,
+}
+
+
+class RecordUnpickler(pickle.Unpickler):
+    """Unpickler that builds `Record`s for `allowed` class names ("module.Name") and refuses the rest.
+
+    Tensors are allowed through the same globals as `torch.load(weights_only=True)` (storages,
+    `_rebuild_tensor_v2`, `Parameter`); torch's loader adds the storages' `persistent_load`.
+    """
+
+    def __init__(self, file: Any, allowed: set[str], source: str) -> None:
+        super().__init__(file)
+        self.allowed, self.source = allowed, source
+        self._torch = _get_allowed_globals()
+        self._classes: dict[str, type[Record]] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        full = f"{module}.{name}"
+        if (module, name) in _BUILTINS:
+            return _BUILTINS[(module, name)]
+        if full in self._torch:
+            return self._torch[full]
+        if full in self.allowed:
+            if full not in self._classes:
+                self._classes[full] = _record_class(full)
+            return self._classes[full]
+        raise UnsafePickleError(
+            f"{self.source}: the pickle names {full!r}, which is not on the list of classes this "
+            f"reader rebuilds ({', '.join(sorted(self.allowed)) or 'none'}); refusing to load it "
+            "(loading arbitrary pickles can run any code)"
+        )
+
+
+def load_pickle(path: Path, allowed: set[str]) -> Any:
+    """A plain pickle file (e.g. `vocab.pkl`), with only `allowed` classes, as Records."""
+    with open(path, "rb") as f:
+        return RecordUnpickler(f, allowed, str(path)).load()
+
+
+def load_torch_pickle(path: Path, allowed: set[str]) -> Any:
+    """A `torch.save` file whose pickle holds objects of `allowed` classes, as Records.
+
+    The tensors' storages are read by PyTorch's own loader (zip or legacy format); only the
+    unpickler of the objects is ours.
+    """
+
+    class _Pickle:
+        """The `pickle_module` torch.load calls: our unpickler with torch's persistent_load."""
+
+        class Unpickler(RecordUnpickler):
+            def __init__(self, file: Any, **kwargs: Any) -> None:
+                super().__init__(file, allowed, str(path))
+
+        @staticmethod
+        def load(file: Any, **kwargs: Any) -> Any:
+            return _Pickle.Unpickler(file).load()
+
+    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_Pickle)

@@ -1,0 +1,207 @@
+"""`python -m longctx convert`: released checkpoints in the authors' own layouts give the authors' own
+per-token NLL in longctx.
+
+The fixtures (`../shared/fixtures/authors_checkpoints`, see its README) were written by the authors'
+code itself, with that code's float32 per-token NLL on a real text piece; those NLLs are the
+independent computation the converted models are compared with (≤ 1e-5 relative), so no hand-written
+reference forward is needed here. Skipped when `../shared` is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from longctx.convert import ConvertError, convert, main
+from longctx.methods.adaptive_span.convert import vocabulary_from_files, vocabulary_from_ids
+from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.safe_unpickle import UnsafePickleError, load_pickle
+
+FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "authors_checkpoints"
+pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is absent")
+ADAPTIVE = FIXTURES / "adaptive_span"
+RTOL = 1e-5
+
+ADAPTIVE_CONFIG = """\
+model:
+  class_path: longctx.methods.adaptive_span.module.AdaptiveSpanLM
+  init_args: {d_model: 32, n_layers: 2, n_heads: 4, d_inner: 64, attn_span: 256, span_ramp: 8, dropout: 0.0}
+data:
+  corpus: enwik8
+"""
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+def write_config(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------------------------- adaptive-span
+def adaptive_blocks(n_blocks: int = 46, block: int = 32, batch: int = 2) -> list[dict[str, torch.Tensor]]:
+    """Their full_eval batches on the test bytes: rows = batchify(test, 2) (1500 columns each; their
+    extra final `<eos>` falls in the dropped tail), block i predicts columns i·M+1 .. (i+1)·M."""
+    raw = (ADAPTIVE / "data" / "test.txt.raw").read_bytes()
+    ncols = len(raw) // batch
+    rows = torch.tensor(list(raw[: ncols * batch])).view(batch, ncols)
+    return [
+        {
+            "input": rows[:, i * block : (i + 1) * block],
+            "target": rows[:, i * block + 1 : (i + 1) * block + 1],
+            "mask": torch.ones(batch, block, dtype=torch.bool),
+            "reset": torch.full((batch,), i == 0),
+        }
+        for i in range(n_blocks)
+    ]
+
+
+class Batches:
+    """One loader of ready batches (Lightning reads a plain list as several loaders)."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]]) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+@pytest.fixture(scope="module")
+def adaptive_ckpt(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("adaptive")
+    config = write_config(tmp, ADAPTIVE_CONFIG)
+    dest = tmp / "adaptive_span.ckpt"
+    convert("adaptive-span", config, ADAPTIVE / "checkpoint.pt", dest, vocab=ADAPTIVE / "data")
+    return dest
+
+
+def test_adaptive_span_vocabulary_is_theirs():
+    expected = json.loads((ADAPTIVE / "expected.json").read_text())["vocab"]["idx2word"]
+    assert vocabulary_from_files(ADAPTIVE / "data") == expected
+    # Rebuilt from the raw bytes of the splits (what longctx's enwik8 cache holds): the same order.
+    splits = [
+        np.frombuffer((ADAPTIVE / "data" / f"{s}.txt.raw").read_bytes(), np.uint8)
+        for s in ("train", "valid", "test")
+    ]
+    assert vocabulary_from_ids(splits, "byte") == expected
+    # The test ids are the test bytes with <eos> for the newline byte.
+    test_ids = np.load(ADAPTIVE / "test_ids.npy")
+    raw = (ADAPTIVE / "data" / "test.txt.raw").read_bytes()
+    byte_of_id = [10 if s == "<eos>" else int(s) for s in expected]
+    assert (
+        bytes(np.asarray(byte_of_id)[test_ids.reshape(-1)].astype(np.uint8).tolist()) == raw[: test_ids.size]
+    )
+
+
+def test_adaptive_span_matches_their_per_token_nll(adaptive_ckpt):
+    model = AdaptiveSpanLM.load_from_checkpoint(adaptive_ckpt).eval()
+    assert model.net.cache_sizes() == [128, 192]  # their cache sizes at the start of full_eval
+    expected = np.load(ADAPTIVE / "expected_nll.npy")  # (2, 46·32)
+    memory, nll = model.init_memory(2), []  # zero caches, attended (as theirs)
+    with torch.no_grad():
+        for batch in adaptive_blocks():
+            out = model.step(batch, memory)
+            memory = out.memory
+            nll.append(out.nll)
+    np.testing.assert_allclose(torch.cat(nll, dim=1).numpy(), expected, rtol=RTOL, atol=0)
+
+
+def test_adaptive_span_unseen_bytes_have_probability_zero(adaptive_ckpt):
+    model = AdaptiveSpanLM.load_from_checkpoint(adaptive_ckpt).eval()
+    seen = {10 if s == "<eos>" else int(s) for s in vocabulary_from_files(ADAPTIVE / "data")}
+    batch = adaptive_blocks(n_blocks=1)[0]
+    with torch.no_grad():
+        probs = model.net(batch["input"], model.init_memory(2)).logits.softmax(-1)  # (B, M, 256)
+    unseen = sorted(set(range(256)) - seen)
+    assert probs[..., unseen].max().item() == 0.0
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 32))
+
+
+@pytest.mark.slow
+def test_adaptive_span_checkpoint_runs_through_lightning_test(adaptive_ckpt):
+    """`trainer.test(ckpt_path=DEST)` (what `python -m longctx test --ckpt_path` calls) restores it."""
+    model = AdaptiveSpanLM(
+        vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_ramp=8
+    )
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    loader = Batches(adaptive_blocks())
+    metrics = trainer.test(model, dataloaders=loader, ckpt_path=str(adaptive_ckpt), verbose=False)[0]
+    expected = np.load(ADAPTIVE / "expected_nll.npy")
+    assert metrics["test/loss"] == pytest.approx(float(expected.mean()), rel=RTOL)
+
+
+def test_adaptive_span_config_mismatch_names_both(tmp_path):
+    config = write_config(tmp_path, ADAPTIVE_CONFIG.replace("d_inner: 64", "d_inner: 128"))
+    with pytest.raises(
+        ConvertError,
+        match=r"net\.layers\.0\.ff\.fc1\.weight has shape \(64, 32\), the config's model \(128, 32\)",
+    ):
+        convert(
+            "adaptive-span", config, ADAPTIVE / "checkpoint.pt", tmp_path / "x.ckpt", vocab=ADAPTIVE / "data"
+        )
+    assert not (tmp_path / "x.ckpt").exists()
+
+
+def test_adaptive_span_wrong_vocabulary_source(tmp_path):
+    config = write_config(tmp_path, ADAPTIVE_CONFIG)
+    with pytest.raises(ConvertError, match=r"train\.txt is missing"):
+        convert("adaptive-span", config, ADAPTIVE / "checkpoint.pt", tmp_path / "x.ckpt", vocab=tmp_path)
+
+
+# ---------------------------------------------------------------------------------- errors
+def test_unknown_format(tmp_path):
+    with pytest.raises(
+        ConvertError, match="unknown format 'fairseq'; formats: adaptive-span, transfo-xl-hf, transfo-xl"
+    ):
+        convert("fairseq", tmp_path / "c.yaml", tmp_path / "s", tmp_path / "d")
+
+
+def test_command_exits_with_the_message(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="error: unknown format 'fairseq'"):
+        main(
+            [
+                "--from",
+                "fairseq",
+                "--config",
+                str(tmp_path / "c.yaml"),
+                str(tmp_path / "s"),
+                str(tmp_path / "d"),
+            ]
+        )
+
+
+def test_unsafe_pickle_is_refused(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    path = tmp_path / "vocab.pkl"
+    path.write_bytes(__import__("pickle").dumps({"idx2sym": [Payload()]}))
+    with pytest.raises(UnsafePickleError, match=r"names 'builtins\.print', which is not on the list"):
+        load_pickle(path, allowed={"transformers.tokenization_utils.Trie"})
+
+
+@pytest.mark.slow
+def test_python_entry_point_dispatches_convert(tmp_path):
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "longctx", "convert", "--from", "nope", "--config", "c", "s", "d"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert result.returncode != 0 and "unknown format 'nope'" in result.stderr
