@@ -1,0 +1,85 @@
+"""The layout's one rule that code can break silently: a method's network is pure PyTorch.
+
+Each `longctx/methods/<method>/` holds its network, FLOPs count and memory type (pure PyTorch, usable
+without Lightning) beside its LightningModule and callbacks. This reads the imports (AST, nothing is
+executed) of every `network.py`, `flops.py` and `memory.py`, and of every longctx module they import,
+transitively.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+METHODS = sorted(p for p in (REPO / "longctx" / "methods").iterdir() if (p / "__init__.py").is_file())
+PURE_ROLES = ("network.py", "flops.py", "memory.py")
+LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute names of the modules a file imports (relative imports resolved against its package)."""
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return names
+
+
+def source_of(module: str) -> Path | None:
+    """The file of a longctx module (None for anything else, or for a name that is not a module)."""
+    if module.split(".")[0] != "longctx":
+        return None
+    path = REPO.joinpath(*module.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def lightning_imports(root: Path) -> dict[str, list[str]]:
+    """{file: Lightning modules it imports} over `root` and the longctx modules it reaches."""
+    seen, todo, found = set(), [root], {}
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        modules = imported_modules(path)
+        if hits := sorted(m for m in modules if m.split(".")[0] in LIGHTNING):
+            found[str(path.relative_to(REPO))] = hits
+        todo.extend(p for m in modules if (p := source_of(m)) is not None)
+    return found
+
+
+def test_every_method_has_a_network_and_a_module():
+    expected = {"adaptive_span", "transformer_xl", "recurrence", "window_transformer"}
+    assert {p.name for p in METHODS} >= expected
+    for method in METHODS:
+        assert (method / "network.py").is_file() and (method / "module.py").is_file(), method.name
+
+
+@pytest.mark.parametrize(
+    "path",
+    [m / role for m in METHODS for role in PURE_ROLES if (m / role).is_file()],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_networks_flops_and_memories_import_no_lightning(path):
+    assert lightning_imports(path) == {}
+
+
+def test_the_check_finds_direct_and_transitive_lightning_imports():
+    """A LightningModule fails it twice: its own import and the one of `LMBase` it reaches."""
+    found = lightning_imports(REPO / "longctx" / "methods" / "window_transformer" / "module.py")
+    assert "lightning.pytorch.cli" in found["longctx/methods/window_transformer/module.py"]
+    assert "lightning.pytorch" in found["longctx/models/base.py"]

@@ -1,0 +1,102 @@
+"""The no-memory baseline: attention against a hand-written softmax, causality, FLOPs against torch's
+counter, and the recipe of docs/architecture.md end to end (its config through the CLI, 2 steps)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from longctx.cli import main
+from longctx.methods.window_transformer.flops import flops_per_token
+from longctx.methods.window_transformer.module import WindowTransformerLM
+from longctx.methods.window_transformer.network import CausalSelfAttention, WindowTransformer
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = dict(vocab_size=37, d_model=24, n_layers=2, n_heads=3, d_inner=40, max_len=16, dropout=0.0)
+
+
+def test_attention_equals_a_manual_masked_softmax():
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(d_model=24, n_heads=3, dropout=0.0).double()
+    x = torch.randn(2, 7, 24, dtype=torch.double)  # (B, L, d)
+    q, k, v = attn.qkv(x).split(24, dim=-1)
+    q, k, v = (t.view(2, 7, 3, 8).transpose(1, 2) for t in (q, k, v))  # (B, H, L, d_head)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8)  # (B, H, L, L)
+    future = torch.ones(7, 7, dtype=torch.bool).triu(1)  # key j > query i
+    probs = scores.masked_fill(future, float("-inf")).softmax(-1)
+    expected = attn.out((probs @ v).transpose(1, 2).reshape(2, 7, 24))
+    torch.testing.assert_close(attn(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_position_t_sees_tokens_up_to_t_only():
+    torch.manual_seed(0)
+    net = WindowTransformer(**SIZES).eval()
+    x = torch.randint(0, 37, (2, 12))
+    t = 5
+    changed_after = x.clone()
+    changed_after[:, t + 1 :] = (x[:, t + 1 :] + 1) % 37
+    changed_at = x.clone()
+    changed_at[:, t] = (x[:, t] + 1) % 37
+    with torch.no_grad():
+        logits, after, at = net(x), net(changed_after), net(changed_at)
+    assert torch.equal(logits[:, : t + 1], after[:, : t + 1])
+    assert not torch.allclose(logits[:, t + 1 :], after[:, t + 1 :])
+    assert torch.equal(logits[:, :t], at[:, :t]) and not torch.allclose(logits[:, t], at[:, t])
+
+
+def test_a_window_longer_than_the_positions_is_refused():
+    net = WindowTransformer(**SIZES)
+    with pytest.raises(ValueError, match=r"window of 17 tokens is longer than max_len=16"):
+        net(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_flops_per_token_match_torchs_counter_with_causal_attention():
+    """torch counts every matrix product of a forward (2 × multiply-accumulates); its math SDPA
+    multiplies all L×L query-key pairs, the count keeps the L(L+1)/2 a causal query attends."""
+    sizes = {**SIZES, "max_len": 32}
+    net = WindowTransformer(**sizes).eval()
+    B, L, d, n_layers = 3, 32, sizes["d_model"], sizes["n_layers"]
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        net(torch.zeros(B, L, dtype=torch.long))
+    all_pairs = n_layers * 2 * 2 * B * L * L * d  # q·k and probs·v over every (query, key)
+    causal_pairs = n_layers * 2 * 2 * B * d * (L * (L + 1) // 2)
+    counted = counter.get_total_flops() - all_pairs + causal_pairs
+    expected = flops_per_token(d, n_layers, sizes["d_inner"], sizes["vocab_size"], L) * B * L
+    assert counted == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_module_reads_segments_only():
+    model = WindowTransformerLM(**SIZES)
+    windows = torch.zeros(2, 3, 8, dtype=torch.long)  # (B, K, T): a window-mode batch
+    with pytest.raises(ValueError, match=r"got input of shape \(2, 3, 8\): set data\.mode: segments"):
+        model.step({"input": windows, "target": windows}, None)
+
+
+def test_recipe_config_trains_two_steps_through_the_cli(tmp_path, monkeypatch):
+    """configs/window_transformer_tiny.yaml built by the CLI, on the bundled sample text (the config's
+    own text lives in ../shared): 2 training steps, a validation, FLOPs logged."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the config's WandbLogger, a no-op
+    cli = main([
+        "fit",
+        "--config", str(REPO / "configs" / "window_transformer_tiny.yaml"),
+        "--data.corpus", "sample",
+        "--data.split_sources", "null",
+        "--data.cache_dir", str(tmp_path / "cache"),
+        "--trainer.max_steps", "2",
+        "--trainer.val_check_interval", "2",
+        "--trainer.limit_val_batches", "2",
+        "--trainer.enable_progress_bar", "false",
+        "--run_name", "baseline",
+    ])  # fmt: skip
+    model, metrics = cli.model, cli.trainer.callback_metrics
+    assert isinstance(model, WindowTransformerLM) and cli.trainer.global_step == 2
+    assert model.vocab_size == 256  # linked from the data module (sample: bytes)
+    assert math.isfinite(float(metrics["train/loss"])) and float(metrics["val/loss"]) < math.log(256) + 0.5
+    assert float(metrics["val/flops_per_token"]) == model.flops_per_token(32)
+    assert (tmp_path / "runs" / "baseline" / "checkpoints" / "last.ckpt").is_file()
