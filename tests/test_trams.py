@@ -212,9 +212,9 @@ def test_no_selection_is_xl_with_memory_m_and_the_pool_is_xls_memory():
         xl_pool = model(seg, pool_mem, mem_len=12)
         torch.testing.assert_close(trams.hidden, xl.hidden)
         trams_mem, xl_mem, pool_mem = trams.memory, xl.memory, xl_pool.memory
-        assert trams_mem["valid"].shape[1] == min(12, 4 * s + 4)
-        torch.testing.assert_close(trams_mem["hidden"][0], pool_mem["hidden"][0])  # embeddings
-        torch.testing.assert_close(trams_mem["hidden"][1][:, -6:], xl_mem["hidden"][1])
+        assert trams_mem.valid.shape[1] == min(12, 4 * s + 4)
+        torch.testing.assert_close(trams_mem.hidden[0], pool_mem.hidden[0])  # embeddings
+        torch.testing.assert_close(trams_mem.hidden[1][:, -6:], xl_mem.hidden[1])
 
 
 def test_selection_changes_the_network_output_only_beyond_the_kept_memory():
@@ -226,7 +226,7 @@ def test_selection_changes_the_network_output_only_beyond_the_kept_memory():
         memory = out.memory
         assert all(a.selected.shape == (2, H, 4) for a in out.attn)
         assert all(0 < float(a.mem_mass) < 1 for a in out.attn)
-    assert memory["valid"].all() and memory["valid"].shape == (2, 16)
+    assert memory.valid.all() and memory.valid.shape == (2, 16)
 
 
 @pytest.mark.parametrize("metric", ["code", "oracle"])

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
-from longctx.methods.transformer_xl.memory import reset_memory_rows
+from longctx.methods.transformer_xl.memory import XLMemory, reset_memory_rows
 from longctx.methods.transformer_xl.module import TransformerXLLM, drop_last_scored
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
@@ -147,7 +147,7 @@ def test_segments_with_memory_equal_one_pass_over_the_stream_while_history_fits(
         out = model(x[:, 4 * s : 4 * s + 4], memory, mem_len=8, clamp_len=clamp_len)
         memory = out.memory
         outs.append(out.hidden)
-        assert memory["valid"].shape[1] == min(8, 4 * s + 4)
+        assert memory.valid.shape[1] == min(8, 4 * s + 4)
     torch.testing.assert_close(torch.cat(outs, 1), full)
 
 
@@ -172,11 +172,11 @@ def test_memory_holds_the_last_inputs_of_each_layer_and_rpe_has_none():
         hook.remove()
     for layer in range(2):  # inputs of the second segment at this layer, with the first segment's
         expected = torch.cat([captured[layer], captured[2 + layer]], 1)[:, -7:]
-        torch.testing.assert_close(out.memory["hidden"][layer], expected)
-        assert not out.memory["hidden"][layer].requires_grad
+        torch.testing.assert_close(out.memory.hidden[layer], expected)
+        assert not out.memory.hidden[layer].requires_grad
     # Transformer+RPE: no memory, each segment on its own
     a = model(x[:, 5:], model(x[:, :5], model.empty_memory(2), mem_len=0).memory, mem_len=0)
-    assert a.memory["valid"].shape == (2, 0)
+    assert a.memory.valid.shape == (2, 0)
     torch.testing.assert_close(a.hidden, model(x[:, 5:], model.empty_memory(2), mem_len=0).hidden)
 
 
@@ -189,7 +189,7 @@ def test_reset_row_behaves_like_a_fresh_row(same_length):
     out = model(x[:, 4:], memory, mem_len=6, same_length=same_length)
     fresh = model(x[1:2, 4:], model.empty_memory(1), mem_len=6, same_length=same_length)
     torch.testing.assert_close(out.hidden[1:2], fresh.hidden)
-    others = {"hidden": [h[::2] for h in memory["hidden"]], "valid": memory["valid"][::2]}
+    others = XLMemory([h[::2] for h in memory.hidden], memory.valid[::2])
     kept = model(x[::2, 4:], others, mem_len=6, same_length=same_length)
     torch.testing.assert_close(out.hidden[::2], kept.hidden)
 
@@ -290,10 +290,10 @@ def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
 def test_trams_protocol_starts_from_attended_zero_memory_and_xl_from_empty():
     model = tiny(eval_mem_len=12, protocol="trams").eval()
     memory = model.init_memory(2)
-    assert memory["valid"].shape == (2, 12) and memory["valid"].all()
-    assert all(h.abs().max() == 0 for h in memory["hidden"])
-    assert model.train().init_memory(2)["valid"].shape == (2, 0)  # training: Transformer-XL's
-    assert tiny().eval().init_memory(2)["valid"].shape == (2, 0)
+    assert memory.valid.shape == (2, 12) and memory.valid.all()
+    assert all(h.abs().max() == 0 for h in memory.hidden)
+    assert model.train().init_memory(2).valid.shape == (2, 0)  # training: Transformer-XL's
+    assert tiny().eval().init_memory(2).valid.shape == (2, 0)
     with pytest.raises(ValueError, match="trams_kept"):
         tiny(trams_attended=8)
     with pytest.raises(ValueError, match="cannot exceed"):
@@ -331,8 +331,8 @@ def test_key_value_cache_equals_projecting_the_memory_again(pre_lnorm):
         b = model(x[:, 4 * s : 4 * s + 4], cached, mem_len=6, cache_kv=True)
         torch.testing.assert_close(b.hidden, a.hidden)
         plain, cached = a.memory, b.memory
-        assert cached["key"][1].shape == (2, 2, 6, 8)
+        assert cached.key[1].shape == (2, 2, 6, 8)
         if s == 2:  # a reset drops the cache; the next segment projects the memory again
             cached = reset_memory_rows(cached, torch.tensor([True, False]))
             plain = reset_memory_rows(plain, torch.tensor([True, False]))
-            assert "key" not in cached
+            assert cached.key is None

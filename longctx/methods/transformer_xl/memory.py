@@ -1,11 +1,8 @@
 """Transformer-XL segment memory (Dai et al. 2019, §3.2; kimiyoung/transformer-xl `_update_mems`).
 
 Each layer keeps the last `mem_len` of its inputs (the embedding output for layer 0), detached: after
-a segment, memory_l = last mem_len of [memory_l, input_l]. The memory is a plain dict of tensors, so
-`LMBase` carries and detaches it across batches:
-
-    {"hidden": [ (B, P, d) per layer ], "valid": (B, P) bool}
-    (+ "key", "value": [ (B, H, P, Dh) per layer ] at evaluation with the key/value cache)
+a segment, memory_l = last mem_len of [memory_l, input_l]. The memory is an `XLMemory` (a NamedTuple,
+a pytree that `LMBase` detaches and carries across batches).
 
 `valid` marks slots that hold a real token. Transformer-XL's evaluation starts from an empty memory
 (P = 0); TRAMS's starts from a zero-filled one (P = mem_len zero states that are attended, as the
@@ -19,10 +16,25 @@ released codes re-project them); that cache is exact and dropped whenever rows a
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-XLMemory = dict[str, Tensor | list[Tensor]]
+
+class XLMemory(NamedTuple):
+    """The memory of a batch of rows; P = slots held (at most mem_len, or the TRAMS pool M).
+
+    hidden: per layer (B, P, d), the layer's last P inputs (layer 0: the embedding output).
+    valid: (B, P) bool, the slot holds a real token (False: empty slot of a reset row, masked).
+    key, value: per layer (B, H, P, Dh), W_K h and W_V h of `hidden` (the evaluation key/value cache),
+        or None (the next segment projects `hidden` again).
+    """
+
+    hidden: list[Tensor]
+    valid: Tensor
+    key: list[Tensor] | None = None
+    value: list[Tensor] | None = None
 
 
 def empty_memory(
@@ -30,7 +42,7 @@ def empty_memory(
 ) -> XLMemory:
     """The memory of fresh rows under Transformer-XL's convention: nothing (P = 0)."""
     hidden = [torch.zeros(batch_size, 0, d_model, device=device, dtype=dtype) for _ in range(n_layers)]
-    return {"hidden": hidden, "valid": torch.zeros(batch_size, 0, dtype=torch.bool, device=device)}
+    return XLMemory(hidden, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
 
 
 def zero_memory(
@@ -38,11 +50,7 @@ def zero_memory(
 ) -> XLMemory:
     """The memory of fresh rows under TRAMS's convention: mem_len zero states, attended."""
     hidden = [torch.zeros(batch_size, mem_len, d_model, device=device, dtype=dtype) for _ in range(n_layers)]
-    return {"hidden": hidden, "valid": torch.ones(batch_size, mem_len, dtype=torch.bool, device=device)}
-
-
-def memory_length(memory: XLMemory) -> int:
-    return memory["valid"].shape[1]
+    return XLMemory(hidden, torch.ones(batch_size, mem_len, dtype=torch.bool, device=device))
 
 
 @torch.no_grad()
@@ -56,26 +64,25 @@ def update_memory(
 
     kv: per layer the keys and values of [memory, segment] (B, H, P + n, Dh) to cache, or None.
     """
-    valid = memory["valid"]
+    valid = memory.valid
     B, n = inputs[0].shape[:2]
     P = valid.shape[1]
     keep = min(mem_len, P + n)
     new_valid = torch.cat([valid, valid.new_ones(B, n)], dim=1)[:, P + n - keep :]
     hidden = [
         torch.cat([h.to(x.dtype), x], dim=1)[:, P + n - keep :].detach()
-        for h, x in zip(memory["hidden"], inputs)
+        for h, x in zip(memory.hidden, inputs)
     ]
-    new_memory: XLMemory = {"hidden": hidden, "valid": new_valid}
-    if kv is not None:
-        new_memory["key"] = [k[:, :, P + n - keep :].detach() for k, _ in kv]
-        new_memory["value"] = [v[:, :, P + n - keep :].detach() for _, v in kv]
-    return new_memory
+    if kv is None:
+        return XLMemory(hidden, new_valid)
+    key = [k[:, :, P + n - keep :].detach() for k, _ in kv]
+    value = [v[:, :, P + n - keep :].detach() for _, v in kv]
+    return XLMemory(hidden, new_valid, key, value)
 
 
 def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:
     """Clear the rows where reset (B,) is True: zero states, masked (zero_fill=False) or attended.
     A key/value cache is dropped (the next segment projects the memory again)."""
-    reset = reset.to(memory["valid"].device)
-    hidden = [h.masked_fill(reset[:, None, None], 0.0) for h in memory["hidden"]]
-    valid = memory["valid"].masked_fill(reset[:, None], zero_fill)
-    return {"hidden": hidden, "valid": valid}
+    reset = reset.to(memory.valid.device)
+    hidden = [h.masked_fill(reset[:, None, None], 0.0) for h in memory.hidden]
+    return XLMemory(hidden, memory.valid.masked_fill(reset[:, None], zero_fill))

@@ -184,24 +184,24 @@ class TransformerXL(nn.Module):
         need_weights: bool = False,
         cache_kv: bool = False,
     ) -> XLOutput:
-        """x: (B, n) token ids; memory: per layer (B, P, d) plus validity (B, P); mem_len: memory kept
+        """x: (B, n) token ids; memory: `XLMemory` (hidden per layer (B, P, d), valid (B, P)); mem_len: kept
         for the next segment (the TRAMS pool M under TRAMS); clamp_len: cap of relative positions
         (0 = none); same_length: every query sees min(mem_len, ·) memory keys (m under TRAMS);
         cache_kv: keep the memory's keys and values with it (evaluation only: exact while the weights
         do not change; no gradient reaches W_K, W_V through cached memory keys)."""
         n = x.shape[1]
-        hiddens, valid = memory["hidden"], memory["valid"]
+        hiddens, valid = memory.hidden, memory.valid
         if len(hiddens) != self.n_layers:
             raise ValueError(f"memory has {len(hiddens)} layers, the model {self.n_layers}")
         P = valid.shape[1]
         h = self.drop(self.word_emb(x))  # (B, n, d)
         pos_emb = self.drop(sinusoid_positions(P + n, self.d_model, clamp_len, h.device, h.dtype))
         limit = mem_len if same_length else None
-        cached = memory.get("key") if cache_kv else None
+        cached = memory.key if cache_kv else None
         inputs, attns = [], []
         for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
             inputs.append(h)
-            mem_kv = (cached[i].to(h.dtype), memory["value"][i].to(h.dtype)) if cached is not None else None
+            mem_kv = (cached[i].to(h.dtype), memory.value[i].to(h.dtype)) if cached is not None else None
             h, attn = layer(
                 h,
                 mem.to(h.dtype),
