@@ -32,3 +32,11 @@ def skip_without_shared(*parts: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not path.exists(), reason=f"{path} is not present (../shared, or set $LONGCTX_SHARED)"
     )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every multi-process DDP test is in the slow tier (before `-m` selects by marker)."""
+    for item in items:
+        if item.get_closest_marker("ddp") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
