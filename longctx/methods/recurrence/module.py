@@ -7,7 +7,8 @@ One module for both rows of the paper's comparison:
 - `recurrence: false`: the windowed baseline, the same pretrained model on the same windows.
 
 Batches are window mode (docs/architecture.md): input/target/mask (B, K, T), reset (B, K). The memory
-carried from one batch to the next is h_prev (B, d) of each row's last window (None at the start);
+carried from one batch to the next is `RecurrenceMemory(h_prev)`, h_prev (B, d) of each row's last
+window (None at the start, and always for the baseline);
 a row whose `reset` is set at window k starts a new document there and drops its h_prev.
 
 The language model is a Hugging Face causal LM: `pretrained` (a hub id such as "gpt2" or a local
@@ -35,6 +36,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreT
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
+from longctx.methods.recurrence.memory import RecurrenceMemory
 from longctx.methods.recurrence.network import RECURRENCE_IMPLEMENTATIONS, WindowRecurrence, window_nll
 from longctx.models.base import LMBase, StepOutput
 
@@ -125,7 +127,7 @@ class RecurrentGPT2LM(LMBase):
         self.checkpoint_windows = checkpoint_windows
 
     # ------------------------------------------------------------------ step
-    def step(self, batch: dict[str, Tensor], memory: Tensor | None) -> StepOutput:
+    def step(self, batch: dict[str, Tensor], memory: RecurrenceMemory | None) -> StepOutput:
         x = batch["input"]
         if x.dim() != 3:
             raise ValueError(
@@ -134,9 +136,11 @@ class RecurrentGPT2LM(LMBase):
             )
         use_checkpoint = self.checkpoint_windows and self.training and torch.is_grad_enabled()
         if self.recurrence is not None:
-            nll, memory = self.recurrence(
-                self.lm, x, batch["target"], batch["mask"], batch["reset"], memory, use_checkpoint
+            h_prev = None if memory is None else memory.h_prev
+            nll, h_prev = self.recurrence(
+                self.lm, x, batch["target"], batch["mask"], batch["reset"], h_prev, use_checkpoint
             )
+            memory = RecurrenceMemory(h_prev)
         else:
             nll, memory = self._baseline_nll(x, batch["target"], use_checkpoint), None
         logs: dict[str, Tensor | float] = {}
