@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 
-from longctx.callbacks import ProgressLog
+from longctx.callbacks import CheckpointOnSigterm, ProgressLog
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.models.base import LMBase
@@ -130,6 +130,8 @@ class LongCtxCLI(LightningCLI):
         # A requeued run writes into its own run directory again.
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("trainer_class", LongCtxTrainer)
+        # Appended to the config's trainer.callbacks (LightningCLI._instantiate_trainer).
+        kwargs.setdefault("trainer_defaults", {"callbacks": [CheckpointOnSigterm()]})
         super().__init__(LMBase, LMDataModule, *args, subclass_mode_model=True, **kwargs)
 
     @staticmethod

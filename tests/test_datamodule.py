@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import math
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 
+from longctx.data import cache, corpora
 from longctx.data.datamodule import LMDataModule
 from tests.conftest import shared_dir, skip_without_shared
+from tests.lm_fixtures import CarryLM, cpu_trainer
 
 SHARED = shared_dir() / "data"
 needs_shared = skip_without_shared("data")
@@ -120,3 +129,126 @@ def test_train_wrap_reaches_the_training_stream_only(tmp_path):
     data.setup()
     train, val = data.train_dataloader(), data.val_dataloader()
     assert (train.wrap, train.seed, val.wrap) == ("random_offset", 7, "restart")
+
+
+# ---------------------------------------------------------------------------------- bits per byte
+def scored_bytes(data: LMDataModule, loader) -> int:
+    table = data.token_bytes
+    return sum(int(table[b["target"][b["mask"]]].sum()) for b in loader)
+
+
+@needs_shared
+@pytest.mark.parametrize(
+    "corpus,tokenizer,source",
+    [
+        ("wikitext103_raw", "bytes", "wikitext-raw/wiki.test.raw.gz"),
+        ("wikitext103_raw", "gpt2", "wikitext-raw/wiki.test.raw.gz"),
+        ("wikitext2", "gpt2", "wikitext-2/wiki.test.tokens.gz"),
+    ],
+)
+def test_scored_target_bytes_are_the_split_bytes_but_the_first_token(tmp_path, corpus, tokenizer, source):
+    """Every target is scored once: their bytes are the text's bytes minus those of the first token
+    (which is never a target). Word level counts the normalised text (one opening space less per line)."""
+    data = LMDataModule(
+        corpus,
+        root=str(SHARED),
+        cache_dir=str(tmp_path),
+        download=False,
+        split_sources={"train": "test", "valid": "test", "test": "test"},
+        tokenizer=str(SHARED / "gpt2") if tokenizer == "gpt2" else tokenizer,
+        eval_batch_size=16,
+        eval_tgt_len=2048,
+    )
+    data.prepare_data()
+    data.setup()
+    raw = gzip.decompress((SHARED / source).read_bytes())
+    text_bytes = len(raw) - raw.count(b"\n") if corpus == "wikitext2" else len(raw)
+    assert len(raw.decode("utf-8")) < len(raw)  # the text has multi-byte characters
+    tokens = data.corpus.split("test").tokens
+    first = int(data.token_bytes[int(tokens[0])])
+    assert int(data.token_bytes[torch.from_numpy(tokens.astype("int64"))].sum()) == text_bytes
+    assert scored_bytes(data, data.test_dataloader()) == text_bytes - first
+    assert data.metric == ("bpc" if tokenizer == "bytes" else "ppl")
+    if tokenizer == "bytes":
+        assert data.vocab_size == 256 and data.word_count("test") == 245_569
+
+
+def test_text8_characters_are_one_byte_each_through_the_stream(monkeypatch, tmp_path):
+    text = bytes(
+        np.random.default_rng(0).choice(np.frombuffer(b" abcdefghijklmnopqrstuvwxyz", np.uint8), 3_000)
+    )
+    (tmp_path / "raw" / "text8").mkdir(parents=True)
+    (tmp_path / "raw" / "text8" / "text8").write_bytes(text)
+    corpus = corpora.CORPORA["text8"]
+    member = dataclasses.replace(corpus.archive.members[0], checksum=None)
+    archive = dataclasses.replace(corpus.archive, members=(member,))
+    monkeypatch.setitem(corpora.CORPORA, "text8", dataclasses.replace(corpus, archive=archive))
+    monkeypatch.setattr(cache, "CONTIGUOUS_SPLIT", {"valid": 500, "test": 500})
+    data = LMDataModule(
+        "text8",
+        root=str(tmp_path / "raw"),
+        cache_dir=str(tmp_path / "cache"),
+        download=False,
+        eval_batch_size=3,
+    )
+    data.prepare_data()
+    data.setup()
+    assert scored_bytes(data, data.val_dataloader()) == 500 - 1
+
+
+def small_corpus(monkeypatch, tmp_path: Path, name: str, text: str) -> Path:
+    """`name` with `text` as every split, under `<tmp>/raw` (member checksums off): a real text piece
+    small enough for a tiny model to score whole."""
+    corpus = corpora.CORPORA[name]
+    members = tuple(dataclasses.replace(m, checksum=None) for m in corpus.archive.members)
+    archive = dataclasses.replace(corpus.archive, members=members)
+    monkeypatch.setitem(corpora.CORPORA, name, dataclasses.replace(corpus, archive=archive, vocab_size=None))
+    folder = tmp_path / "raw" / corpus.dirname
+    folder.mkdir(parents=True)
+    for member in members:
+        (folder / member.name).write_text(text, encoding="utf-8")
+    return tmp_path / "raw"
+
+
+@needs_shared
+@pytest.mark.parametrize(
+    "corpus,source,n_lines",
+    [
+        ("wikitext2", "wikitext-2/wiki.valid.tokens.gz", 40),
+        ("wikitext103_raw", "wikitext-raw/wiki.test.raw.gz", 10),
+    ],
+)
+def test_bits_per_byte_of_a_tiny_model_equals_a_direct_count(monkeypatch, tmp_path, corpus, source, n_lines):
+    """val/bpb = total NLL in bits / bytes of the scored text, the bytes counted from the text itself."""
+    lines = gzip.decompress((SHARED / source).read_bytes()).decode("utf-8").splitlines(keepends=True)
+    text = "".join(lines[:n_lines])
+    root = small_corpus(monkeypatch, tmp_path, corpus, text)
+    data = LMDataModule(
+        corpus,
+        root=str(root),
+        cache_dir=str(tmp_path / "cache"),
+        download=False,
+        tokenizer=str(SHARED / "gpt2"),
+        batch_size=2,
+        tgt_len=32,
+        eval_batch_size=4,
+        eval_tgt_len=128,
+    )
+    pl.seed_everything(0)
+    model = CarryLM(vocab_size=data.vocab_size)
+    trainer = cpu_trainer(tmp_path, max_steps=2, limit_val_batches=0)
+    trainer.fit(model, datamodule=data)
+    result = cpu_trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
+    raw = text.encode("utf-8")
+    assert len(text) < len(raw)  # multi-byte characters in the piece
+    text_bytes = len(raw) - raw.count(b"\n") if corpus == "wikitext2" else len(raw)
+    first = int(data.token_bytes[int(data.corpus.split("valid").tokens[0])])
+    nll_bits = result["val/loss"] * result["val/tokens"] / math.log(2)
+    assert result["val/bpb"] == pytest.approx(nll_bits / (text_bytes - first), rel=1e-5)
+    assert result["val/tokens"] < text_bytes - first  # several bytes per token: bpb is not bpc
+    # train/bpb of the last step (batch 1) = its NLL in bits / its targets' bytes, so
+    # train/bpb / train/loss = tokens / (ln 2 * bytes) of that batch.
+    batch = list(data.train_dataloader())[1]
+    n_bytes = int(data.token_bytes[batch["target"]][batch["mask"]].sum())
+    ratio = float(trainer.callback_metrics["train/bpb"] / trainer.callback_metrics["train/loss"])
+    assert ratio == pytest.approx(int(batch["mask"].sum()) / math.log(2) / n_bytes, rel=1e-5)

@@ -10,6 +10,7 @@ import hashlib
 import http.server
 import io
 import json
+import shutil
 import socket
 import threading
 import urllib.parse
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longctx.data import corpora
+from longctx.data import cache, corpora
 from longctx.data.cache import CorpusSpec, load_corpus, prepare_corpus, vocab_size_of
 from longctx.data.corpora import Archive, Checksum, Member
 from longctx.data.download import ChecksumError, DataError, fetch
@@ -216,6 +217,52 @@ def test_existing_gzipped_files_need_no_network(tiny_wikitext, tmp_path):
         (folder / f"wiki.{split}.tokens.gz").write_bytes(gzip.compress(text.encode()))
     s = spec(tmp_path, None, download=False)
     assert vocab_size_of(s) == 11 and tiny_wikitext.requests == []
+
+
+# ---------------------------------------------------------------------------------- token cache integrity
+def test_truncated_cache_is_refused_then_rebuilt_from_the_corpus_files(tiny_wikitext, tmp_path):
+    s = spec(tmp_path, tiny_wikitext.url)
+    prepare_corpus(s)
+    good = np.array(load_corpus(s).split("train").tokens)
+    train = s.path / "train.npy"
+    train.write_bytes(train.read_bytes()[:-3])
+    with pytest.raises(
+        DataError,
+        match=rf"token cache file {train} has [\d,]+ bytes, expected [\d,]+ \(truncated\); delete .*`"
+        "python -m longctx.data prepare wikitext2",
+    ):
+        load_corpus(s)
+    prepare_corpus(s)  # the extracted corpus files are on disk: rebuilt without the network
+    np.testing.assert_array_equal(load_corpus(s).split("train").tokens, good)
+    assert tiny_wikitext.requests == ["/tiny.zip"] and not leftovers(tmp_path)
+
+
+def test_same_size_corruption_is_caught_by_the_checksum(tiny_wikitext, tmp_path, monkeypatch):
+    s = spec(tmp_path, tiny_wikitext.url)
+    prepare_corpus(s)
+    load_corpus(s)
+    test = s.path / "test.npy"
+    data = bytearray(test.read_bytes())
+    data[-1] ^= 1  # one id changes, the size does not
+    test.write_bytes(bytes(data))
+    monkeypatch.setattr(cache, "_CHECKED", set())  # a new process: every file is checked at first open
+    with pytest.raises(DataError, match=rf"token cache file {test} fails its blake2b checksum"):
+        load_corpus(s)
+
+
+def test_corrupt_cache_without_its_corpus_files_is_refused(tiny_wikitext, tmp_path, monkeypatch):
+    s = spec(tmp_path, tiny_wikitext.url)
+    prepare_corpus(s)
+    shutil.rmtree(tmp_path / "raw")
+    vocab = s.path / "vocab.txt"
+    vocab.write_text(vocab.read_text().replace("cat", "cow"))
+    monkeypatch.setattr(cache, "_CHECKED", set())
+    with pytest.raises(
+        DataError,
+        match=r"vocab\.txt fails its blake2b checksum .*, and it cannot be rebuilt: wikitext2: "
+        r"wiki\.test\.tokens is missing .* downloads are off",
+    ):
+        prepare_corpus(dataclasses.replace(s, download=False))
 
 
 # ---------------------------------------------------------------------------------- PG-19 and GPT-2

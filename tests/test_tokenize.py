@@ -14,12 +14,15 @@ from longctx.data import cache, corpora
 from longctx.data.cache import CorpusSpec, load_corpus, prepare_corpus
 from longctx.data.corpora import Checksum
 from longctx.data.tokenize import (
+    ByteEncoder,
     WordVocab,
+    bpe_token_bytes,
     count_words,
     encode_bpe,
     encode_text8,
     gpt2_tokenizer_from_files,
     text_chunks,
+    unit_token_bytes,
 )
 from tests.conftest import shared_dir, skip_without_shared
 
@@ -100,3 +103,54 @@ def test_contiguous_split_convention(monkeypatch, tmp_path, name):
     np.testing.assert_array_equal(splits["valid"].tokens, whole[900:950])
     np.testing.assert_array_equal(splits["test"].tokens, whole[950:])
     assert splits["train"].tokens.dtype == np.uint8
+
+
+# ---------------------------------------------------------------------------------- bytes per token
+MULTIBYTE = " = Café Ærø = \n \n naïve 日本語 text — ünïcödé , 10 @,@ 000 € \n\n the end \n"
+
+
+def test_byte_encoder_counts_every_utf8_byte():
+    encoder = ByteEncoder()
+    ids = encoder.encode(MULTIBYTE)
+    assert encoder.token_bytes()[ids].sum() == len(MULTIBYTE.encode("utf-8")) > len(MULTIBYTE)
+
+
+def test_text8_characters_are_one_byte_each():
+    ids = encode_text8(b"the cat sat")
+    assert unit_token_bytes(27)[ids].sum() == 11
+
+
+def test_word_bytes_sum_to_the_normalised_text(tmp_path):
+    """Each word + one space, each line ended by a newline: the file minus each line's opening space."""
+    path = tmp_path / "wiki.tokens"
+    path.write_text(MULTIBYTE, encoding="utf-8")
+    vocab = WordVocab.build([path])
+    ids = vocab.encode_file(path)
+    normalised = "".join("".join(f"{w} " for w in line.split()) + "\n" for line in MULTIBYTE.splitlines())
+    assert vocab.token_bytes()[ids].sum() == len(normalised.encode("utf-8"))
+    assert (
+        len(normalised.encode("utf-8")) == len(MULTIBYTE.encode("utf-8")) - 4
+    )  # blank line "\n" had no space
+
+
+@needs_shared
+def test_wikitext_word_bytes_are_the_file_minus_one_space_per_line():
+    valid = SHARED / "wikitext-103" / "wiki.valid.tokens.gz"
+    raw = gzip.decompress(valid.read_bytes())
+    vocab = WordVocab.build([valid])
+    assert vocab.token_bytes()[vocab.encode_file(valid)].sum() == len(raw) - raw.count(b"\n")
+
+
+@needs_shared
+def test_bpe_bytes_are_the_exact_bytes_of_each_token(gpt2):
+    text = gzip.decompress((SHARED / "wikitext-raw" / "wiki.test.raw.gz").read_bytes()).decode()
+    text += MULTIBYTE + "<|endoftext|>"
+    table = bpe_token_bytes(gpt2)
+    ids = encode_bpe(gpt2, text)
+    assert table[ids].sum() == len(text.encode("utf-8"))
+    assert table[50256] == len(b"<|endoftext|>") and table.min() >= 1
+    # Token by token: the byte-level decoder gives each token's text when its bytes are whole UTF-8.
+    texts = gpt2.decode_batch([[i] for i in range(50256)])
+    whole = [(i, t) for i, t in enumerate(texts) if "\ufffd" not in t]
+    assert len(whole) > 49_000
+    assert all(table[i] == len(t.encode("utf-8")) for i, t in whole)

@@ -6,19 +6,23 @@ Cache layout, `<cache_dir>/<corpus>-<fingerprint>/`:
   GPT-2, uint32 WikiText-103 words);
 - `<split>.docs.npy`: for document corpora (PG-19), `(n_docs + 1,)` offsets of the books;
 - `vocab.txt`: the word vocabulary of word-level corpora, one symbol per line, id = line number;
-- `meta.json`: vocabulary size, token/document/word counts per split. Written last: a cache without
-  it is incomplete and is rebuilt.
+- `token_bytes.npy`: (V,) UTF-8 bytes each id stands for (bits per byte; see `tokenize.py`);
+- `meta.json`: vocabulary size, token/document/word counts per split, and the size and blake2b
+  digest of every other file. Written last: a cache without it is incomplete and is rebuilt.
 
 Every file is written to a temporary name and renamed (`atomic_path`), so a crash never leaves a
-cache that a later run trusts. The fingerprint covers everything that changes the ids (corpus,
-which file feeds each split, tokenizer, PG-19 subset, format version). PG-19 is tokenized book by
-book and streamed to disk: it is never held in memory whole.
+cache that a later run trusts. A cache damaged later (truncated, or overwritten in place with the
+same size) fails its size/digest check at its first open in a process: `prepare_corpus` rebuilds it
+from the corpus files, `load_corpus` refuses it with the fix. The fingerprint covers everything that
+changes the ids (corpus, which file feeds each split, tokenizer, PG-19 subset, format version).
+PG-19 is tokenized book by book and streamed to disk: it is never held in memory whole.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,21 +52,28 @@ from longctx.data.download import (
     verify_member,
 )
 from longctx.data.tokenize import (
+    BPEEncoder,
+    ByteEncoder,
     WordVocab,
     count_words,
-    encode_bpe,
     encode_bytes,
     encode_text8,
     gpt2_files,
     gpt2_tokenizer_from_files,
     smallest_uint,
+    unit_token_bytes,
 )
 
-FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2  # 2: token_bytes.npy and per-file checksums in meta.json
 SPLITS = ("train", "valid", "test")  # the splits every corpus provides, in this order
 SAMPLE_FILE = Path(__file__).parent / "sample" / "theophrastus_such.txt.gz"
 SAMPLE_EVAL_FRACTION = 0.05
 GPT2_VOCAB_SIZE = 50_257
+BYTES_TOKENIZER = "bytes"  # `data.tokenizer: bytes` reads a raw-text corpus at byte level
+TOKEN_BYTES_FILE = "token_bytes.npy"
+META_FILE = "meta.json"
 
 
 @dataclass(frozen=True)
@@ -71,8 +82,9 @@ class CorpusSpec:
 
     name: corpus (see `corpora.CORPORA`). root: raw files. cache_dir: token caches.
     download: allow network access. split_sources: which corpus split feeds each split (default:
-    itself). tokenizer: GPT-2 BPE source for BPE corpora: `gpt2` (OpenAI's files, fetched into
-    `<root>/gpt2` when missing), a local folder, or a Hugging Face hub id. max_train_documents /
+    itself). tokenizer: how a raw-text corpus (wikitext103_raw, pg19) is tokenized: `gpt2`
+    (OpenAI's BPE files, fetched into `<root>/gpt2` when missing), a local folder or a Hugging Face
+    hub id of a byte-level BPE, or `bytes` (byte level, for the byte-level methods). max_train_documents /
     max_eval_document_tokens: PG-19 subset (first N train books; first K tokens of every validation
     book). mirror: base URL of a mirror with the same file names (`<mirror>/<archive>.zip`,
     `<mirror>/gpt2/*`, `<mirror>/pg19/<folder>/*.txt`, `<mirror>/pg19-listing`).
@@ -91,6 +103,12 @@ class CorpusSpec:
     @property
     def corpus(self) -> Corpus:
         return get_corpus(self.name)
+
+    @property
+    def unit(self) -> str:
+        """The token unit: the corpus's, or `byte` for a raw-text corpus read with `tokenizer: bytes`."""
+        unit = self.corpus.unit
+        return "byte" if unit == "bpe" and self.tokenizer == BYTES_TOKENIZER else unit
 
     def url(self, canonical: str, mirror_path: str) -> str:
         """`canonical`, or `<mirror>/<mirror_path>` when a mirror is set."""
@@ -127,10 +145,13 @@ class TokenizedSplit:
 
 @dataclass
 class TokenizedCorpus:
+    """corpus: the registry record. token_bytes: (vocab_size,) UTF-8 bytes per id (bits per byte)."""
+
     corpus: Corpus
     vocab_size: int
     splits: dict[str, TokenizedSplit]
     path: Path
+    token_bytes: np.ndarray
 
     def split(self, name: str) -> TokenizedSplit:
         if name not in self.splits:
@@ -140,10 +161,22 @@ class TokenizedCorpus:
 
 # ---------------------------------------------------------------------------------- public API
 def prepare_corpus(spec: CorpusSpec) -> Path:
-    """Download (if allowed), verify and tokenize `spec` into its cache; a no-op if it is there."""
+    """Download (if allowed), verify and tokenize `spec` into its cache; a no-op if it is there and
+    passes its checks, a rebuild if it is damaged."""
     path = spec.path
-    if (path / "meta.json").is_file():
-        return path
+    if (path / META_FILE).is_file():
+        if (problem := cache_problem(path)) is None:
+            return path
+        log.warning("%s; rebuilding the token cache", problem)
+        (path / META_FILE).unlink()
+        try:
+            return _build(spec, path)
+        except DataError as err:
+            raise DataError(f"{problem}, and it cannot be rebuilt: {err}") from err
+    return _build(spec, path)
+
+
+def _build(spec: CorpusSpec, path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     corpus = spec.corpus
     if corpus.contiguous_split:
@@ -153,9 +186,14 @@ def prepare_corpus(spec: CorpusSpec) -> Path:
     elif corpus.documents:
         meta = _tokenize_documents(spec, path)
     else:
-        meta = _tokenize_bpe_files(spec, path)
-    meta.update(version=FORMAT_VERSION, corpus=spec.name, sources={s: spec.source(s) for s in SPLITS})
-    with atomic_path(path / "meta.json") as tmp:
+        meta = _tokenize_raw_files(spec, path)
+    meta.update(
+        version=FORMAT_VERSION,
+        corpus=spec.name,
+        sources={s: spec.source(s) for s in SPLITS},
+        files=_file_records(path),
+    )
+    with atomic_path(path / META_FILE) as tmp:
         tmp.write_text(json.dumps(meta, indent=1))
     return path
 
@@ -163,14 +201,18 @@ def prepare_corpus(spec: CorpusSpec) -> Path:
 def load_corpus(spec: CorpusSpec) -> TokenizedCorpus:
     """Memory-map a prepared cache (every rank calls this; nothing is read into RAM)."""
     path = spec.path
-    meta_path = path / "meta.json"
-    if not meta_path.is_file():
+    prepare = f"`python -m longctx.data prepare {spec.name} --root {spec.root} --cache_dir {spec.cache_dir}`"
+    if not (path / META_FILE).is_file():
         raise DataError(
-            f"{spec.name}: no token cache at {path}. Prepare it first: `python -m longctx.data prepare "
-            f"{spec.name} --root {spec.root} --cache_dir {spec.cache_dir}` (Lightning's prepare_data "
-            "does this on local rank 0 before setup)"
+            f"{spec.name}: no token cache at {path}. Prepare it first: {prepare} (Lightning's "
+            "prepare_data does this on local rank 0 before setup)"
         )
-    meta = json.loads(meta_path.read_text())
+    if (problem := cache_problem(path)) is not None:
+        raise DataError(
+            f"{problem}; delete {path} and run again (prepare_data rebuilds it from the corpus files), "
+            f"or rebuild it with {prepare}"
+        )
+    meta = json.loads((path / META_FILE).read_text())
     splits = {}
     for split, info in meta["splits"].items():
         docs = path / f"{split}.docs.npy"
@@ -179,7 +221,57 @@ def load_corpus(spec: CorpusSpec) -> TokenizedCorpus:
             doc_offsets=np.load(docs) if docs.is_file() else None,
             n_words=info.get("n_words"),
         )
-    return TokenizedCorpus(spec.corpus, int(meta["vocab_size"]), splits, path)
+    token_bytes = np.load(path / TOKEN_BYTES_FILE)
+    return TokenizedCorpus(spec.corpus, int(meta["vocab_size"]), splits, path, token_bytes)
+
+
+# ---------------------------------------------------------------------------------- integrity
+_CHECKED: set[tuple[str, int, int]] = set()  # (file, size, mtime_ns) that passed, in this process
+
+
+def file_digest(path: Path) -> str:
+    """blake2b (128-bit) of a file's bytes: ~1 GB/s, so a check costs about a second per GB."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+
+
+def _file_records(path: Path) -> dict[str, dict[str, int | str]]:
+    """Size and digest of every finished file of the cache (not meta.json, not temporaries)."""
+    return {
+        file.name: {"size": file.stat().st_size, "blake2b": file_digest(file)}
+        for file in sorted(path.iterdir())
+        if file.is_file()
+        and file.name != META_FILE
+        and ".part-" not in file.name
+        and ".raw-" not in file.name
+    }
+
+
+def cache_problem(path: Path) -> str | None:
+    """What is wrong with the cache at `path` (a missing, truncated or altered file), or None.
+
+    Each file is hashed once per process (a file whose size or mtime changes is hashed again).
+    """
+    try:
+        records = json.loads((path / META_FILE).read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return f"token cache {path / META_FILE} is unreadable or lists no file checksums"
+    for name, record in records.items():
+        file = path / name
+        if not file.is_file():
+            return f"token cache file {file} is missing"
+        stat = file.stat()
+        key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key in _CHECKED:
+            continue
+        if stat.st_size != record["size"]:
+            return (
+                f"token cache file {file} has {stat.st_size:,} bytes, expected {record['size']:,} (truncated)"
+            )
+        if file_digest(file) != record["blake2b"]:
+            return f"token cache file {file} fails its blake2b checksum (corrupted in place)"
+        _CHECKED.add(key)
+    return None
 
 
 def vocab_size_of(spec: CorpusSpec) -> int:
@@ -189,13 +281,15 @@ def vocab_size_of(spec: CorpusSpec) -> int:
     splits than the canonical ones (`split_sources`) is read from (or built into) the cache.
     """
     corpus = spec.corpus
+    if spec.unit == "byte":
+        return 256
     if corpus.unit == "bpe":
         if resolved_tokenizer_name(spec.tokenizer) == "gpt2":
             return GPT2_VOCAB_SIZE
         return load_tokenizer(spec).get_vocab_size()
     if corpus.vocab_size is not None and not (corpus.unit == "word" and spec.split_sources):
         return corpus.vocab_size
-    meta = json.loads((prepare_corpus(spec) / "meta.json").read_text())
+    meta = json.loads((prepare_corpus(spec) / META_FILE).read_text())
     return int(meta["vocab_size"])
 
 
@@ -244,8 +338,15 @@ def ensure_member(spec: CorpusSpec, name: str) -> Path:
 
 
 def resolved_tokenizer_name(tokenizer: str) -> str:
+    if tokenizer == BYTES_TOKENIZER:
+        return tokenizer
     path = Path(tokenizer).expanduser()
     return str(path.resolve()) if path.is_dir() else tokenizer
+
+
+def raw_text_encoder(spec: CorpusSpec) -> ByteEncoder | BPEEncoder:
+    """How a raw-text corpus is tokenized: bytes, or the BPE named by `spec.tokenizer`."""
+    return ByteEncoder() if spec.unit == "byte" else BPEEncoder(load_tokenizer(spec))
 
 
 def load_tokenizer(spec: CorpusSpec) -> Tokenizer:
@@ -320,6 +421,7 @@ def _tokenize_contiguous(spec: CorpusSpec, path: Path) -> dict:
         tokens = parts[spec.source(split)]
         _save(path / f"{split}.npy", tokens)
         splits[split] = _split_info(tokens)
+    _save(path / TOKEN_BYTES_FILE, unit_token_bytes(corpus.vocab_size))
     return {"vocab_size": corpus.vocab_size, "splits": splits}
 
 
@@ -338,6 +440,7 @@ def _tokenize_words(spec: CorpusSpec, path: Path) -> dict:
         )
     with atomic_path(path / "vocab.txt") as tmp:
         vocab.save(tmp)
+    _save(path / TOKEN_BYTES_FILE, vocab.token_bytes())
     ids = {source: vocab.encode_file(file) for source, file in source_files.items()}
     splits = {}
     for split in SPLITS:
@@ -347,10 +450,10 @@ def _tokenize_words(spec: CorpusSpec, path: Path) -> dict:
     return {"vocab_size": len(vocab), "splits": splits}
 
 
-def _tokenize_bpe_files(spec: CorpusSpec, path: Path) -> dict:
-    """WikiText-103 raw in GPT-2 BPE, with the word counts of each split."""
+def _tokenize_raw_files(spec: CorpusSpec, path: Path) -> dict:
+    """WikiText-103 raw in GPT-2 BPE (or bytes), with the word counts of each split."""
     corpus = spec.corpus
-    tokenizer = load_tokenizer(spec)
+    encoder = raw_text_encoder(spec)
     encoded: dict[str, tuple[np.ndarray, dict[str, int]]] = {}  # each source file read once
     splits = {}
     for split in SPLITS:
@@ -358,17 +461,18 @@ def _tokenize_bpe_files(spec: CorpusSpec, path: Path) -> dict:
         if source not in encoded:
             with open_maybe_gz(ensure_member(spec, corpus.splits[source])) as f:
                 text = f.read().decode("utf-8")
-            encoded[source] = (encode_bpe(tokenizer, text), count_words(text))
+            encoded[source] = (encoder.encode(text), count_words(text))
         tokens, n_words = encoded[source]
         _save(path / f"{split}.npy", tokens)
         splits[split] = _split_info(tokens, n_words=n_words)
-    return {"vocab_size": tokenizer.get_vocab_size(), "splits": splits}
+    _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
+    return {"vocab_size": encoder.vocab_size, "splits": splits}
 
 
 def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
     """PG-19: book by book, streamed to disk; offsets of the books kept per split."""
-    tokenizer = load_tokenizer(spec)
-    dtype = smallest_uint(tokenizer.get_vocab_size() - 1)
+    encoder = raw_text_encoder(spec)
+    dtype = smallest_uint(encoder.vocab_size - 1)
     bucket = spec.url(PG19_BUCKET, "pg19")
     listing = spec.url(PG19_LISTING, "pg19-listing")
     splits = {}
@@ -385,7 +489,7 @@ def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
         limit = spec.max_eval_document_tokens if split == "valid" else None
         offsets, words = [0], 0
         with TokenFileWriter(path / f"{split}.npy", dtype) as writer:
-            for ids, n_words in _book_ids(tokenizer, books, limit):
+            for ids, n_words in _book_ids(encoder, books, limit):
                 writer.append(ids)
                 offsets.append(offsets[-1] + len(ids))
                 words += n_words
@@ -398,14 +502,17 @@ def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
             "documents": len(books),
             "n_words": n_words,
         }
-    return {"vocab_size": tokenizer.get_vocab_size(), "splits": splits}
+    _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
+    return {"vocab_size": encoder.vocab_size, "splits": splits}
 
 
-def _book_ids(tokenizer: Tokenizer, books: list[Path], limit: int | None) -> Iterator[tuple[np.ndarray, int]]:
+def _book_ids(
+    encoder: ByteEncoder | BPEEncoder, books: list[Path], limit: int | None
+) -> Iterator[tuple[np.ndarray, int]]:
     for book in books:
         with open_maybe_gz(book) as f:
             text = f.read().decode("utf-8")
-        ids = encode_bpe(tokenizer, text)
+        ids = encoder.encode(text)
         yield (ids[:limit] if limit else ids), len(text.split())
 
 

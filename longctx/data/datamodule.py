@@ -14,8 +14,17 @@ from pathlib import Path
 from typing import Literal
 
 import lightning.pytorch as pl
+import torch
 
-from longctx.data.cache import SPLITS, CorpusSpec, TokenizedCorpus, load_corpus, prepare_corpus, vocab_size_of
+from longctx.data.cache import (
+    BYTES_TOKENIZER,
+    SPLITS,
+    CorpusSpec,
+    TokenizedCorpus,
+    load_corpus,
+    prepare_corpus,
+    vocab_size_of,
+)
 from longctx.data.corpora import get_corpus
 from longctx.data.streams import SegmentStream, Wrap
 
@@ -29,7 +38,7 @@ class LMDataModule(pl.LightningDataModule):
     """Memory-carrying streams over one corpus.
 
     Args:
-        corpus: enwik8, text8, wikitext103, wikitext2, wikitext103_raw, pg19 or sample.
+        corpus: enwik8, text8, wikitext103, wikitext2, wikitext103_raw, pg19 or sample (docs/data.md).
         root: directory of the raw files (downloaded there if missing and `download`); may be
             read-only. Default: `$LONGCTX_DATA` or `~/.cache/longctx`.
         cache_dir: where token caches are written. Default: `<root>/cache` if `root` is writable,
@@ -43,7 +52,9 @@ class LMDataModule(pl.LightningDataModule):
         mode: "segments" (Transformer-XL, Adaptive Span) or "windows" (recurrence on GPT-2).
         overlap / eval_overlap: window overlap o in training / evaluation (window mode).
         windows_per_batch: K windows of each row per training batch (backprop through K windows).
-        tokenizer: GPT-2 BPE source for BPE corpora (a local directory or a hub id).
+        tokenizer: how the raw-text corpora (wikitext103_raw, pg19) are tokenized: `gpt2` (GPT-2
+            BPE), a local directory or hub id of a byte-level BPE, or `bytes` (byte level: what
+            Transformer-XL and Adaptive Span read to compare with GPT-2 on the same text).
         max_train_documents / max_eval_document_tokens: PG-19 subset (paper: 1,250 and 15,000).
         shuffle_documents: deal training documents in a new seeded order every epoch.
         seed: seed of that order and of the `train_wrap` offsets.
@@ -85,6 +96,11 @@ class LMDataModule(pl.LightningDataModule):
         self.info = get_corpus(corpus)
         check_positive(batch_size=batch_size, tgt_len=tgt_len, windows_per_batch=windows_per_batch)
         check_positive(eval_batch_size=eval_batch_size, eval_tgt_len=eval_tgt_len)
+        if tokenizer == BYTES_TOKENIZER and self.info.unit != "bpe":
+            raise ValueError(
+                f"data.tokenizer: bytes applies to the raw-text corpora (wikitext103_raw, pg19); {corpus} "
+                f"has fixed {self.info.unit} tokens: drop the option"
+            )
         if train_wrap == "random_offset" and (mode != "segments" or self.info.documents):
             raise ValueError(
                 "data.train_wrap: random_offset (adaptive-span's wrap-around) needs mode: segments on a "
@@ -120,6 +136,7 @@ class LMDataModule(pl.LightningDataModule):
         self.word_convention = word_convention
         self._corpus: TokenizedCorpus | None = None
         self._vocab_size: int | None = None
+        self._token_bytes: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ facts linked to the model
     @property
@@ -131,8 +148,16 @@ class LMDataModule(pl.LightningDataModule):
 
     @property
     def metric(self) -> str:
-        """`bpc` for byte/char corpora, `ppl` for word/BPE corpora."""
-        return self.info.metric
+        """`bpc` for byte/char tokens, `ppl` for word/BPE tokens."""
+        return "bpc" if self.spec.unit in ("byte", "char") else "ppl"
+
+    @property
+    def token_bytes(self) -> torch.Tensor:
+        """(vocab_size,) UTF-8 bytes of the text each token id stands for (int64), for bits per byte:
+        the bytes of scored targets are `token_bytes[target][mask].sum()` (see `tokenize.py`)."""
+        if self._token_bytes is None:
+            self._token_bytes = torch.from_numpy(self.corpus.token_bytes.astype("int64"))
+        return self._token_bytes
 
     def word_count(self, split: str) -> int | None:
         """Words of a split (for perplexity per word of a BPE model), or None."""

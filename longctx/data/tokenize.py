@@ -10,6 +10,20 @@
   `vocab.json`/`merges.txt` (plain or gzipped). Long texts are encoded in chunks cut only where the
   GPT-2 pre-tokenizer cannot merge across the cut, so the ids equal those of one call on the whole
   text (tested) while memory stays bounded.
+- Raw-text corpora (WikiText-103 raw, PG-19) can also be read at byte level (`ByteEncoder`), so
+  byte-level methods train on the very text a BPE model reads.
+
+Bits per byte: every tokenizer gives a per-id table of the UTF-8 bytes a token stands for, so the
+bytes of any scored targets are `table[targets].sum()`:
+
+- bytes: 1 per id; text8 characters: 1 per id (a-z and space are ASCII);
+- words: the UTF-8 bytes of the word plus 1 for the space after it; `<eos>` stands for the newline
+  (1 byte). A split's total is the bytes of its *normalised text*: every word followed by one space,
+  every line ended by a newline (a WikiText `.tokens` file is exactly that plus the one space that
+  opens each of its lines);
+- GPT-2 BPE: the exact bytes of each token (byte-level BPE maps every byte to one symbol of its
+  256-symbol alphabet; special tokens count the bytes of their text), so a split's total is the
+  bytes of the raw file.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from longctx.data.download import existing, open_maybe_gz
 
 EOS = "<eos>"
+BYTES_DTYPE = np.uint32  # dtype of the bytes-per-id tables (a WikiText "word" may be long)
 UNK = "<unk>"
 TEXT8_ALPHABET = b" abcdefghijklmnopqrstuvwxyz"
 GPT2_EOT = "<|endoftext|>"
@@ -60,6 +75,23 @@ def encode_text8(data: bytes) -> np.ndarray:
             "neither: this is not the text8 file"
         )
     return ids
+
+
+def unit_token_bytes(vocab_size: int) -> np.ndarray:
+    """Bytes per id when every id is one byte (bytes, text8 characters): (vocab_size,) ones."""
+    return np.ones(vocab_size, dtype=BYTES_DTYPE)
+
+
+class ByteEncoder:
+    """Raw text at byte level (ids 0..255 = the UTF-8 bytes): what byte-level methods read."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+    def token_bytes(self) -> np.ndarray:
+        return unit_token_bytes(self.vocab_size)
 
 
 # ---------------------------------------------------------------------------------- words
@@ -110,6 +142,13 @@ class WordVocab:
 
     def save(self, path: Path) -> None:
         path.write_text("\n".join(self.symbols) + "\n", encoding="utf-8")
+
+    def token_bytes(self) -> np.ndarray:
+        """(V,) bytes of each symbol in the normalised text: UTF-8 bytes + 1 separator; `<eos>` = 1."""
+        table = np.fromiter((len(s.encode("utf-8")) + 1 for s in self.symbols), BYTES_DTYPE, len(self))
+        if EOS in self.index:
+            table[self.index[EOS]] = 1  # the newline
+        return table
 
     @classmethod
     def load(cls, path: Path) -> WordVocab:
@@ -181,6 +220,39 @@ def text_chunks(text: str, chunk_chars: int) -> Iterator[str]:
             start = cursor
     if start < len(text):
         yield text[start:]
+
+
+def bpe_token_bytes(tokenizer: Tokenizer) -> np.ndarray:
+    """(V,) bytes each id of a byte-level BPE stands for: one per symbol of its token string (each
+    symbol of the byte-level alphabet is one byte); added tokens count the UTF-8 bytes of their text."""
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    table = np.zeros(tokenizer.get_vocab_size(), dtype=BYTES_DTYPE)
+    added = tokenizer.get_added_tokens_decoder()
+    for token, i in tokenizer.get_vocab(with_added_tokens=True).items():
+        if i in added:
+            table[i] = len(added[i].content.encode("utf-8"))
+        elif set(token) <= alphabet:
+            table[i] = len(token)
+        else:
+            raise ValueError(
+                f"token {token!r} (id {i}) is not byte-level BPE: bits per byte needs a byte-level "
+                "tokenizer such as GPT-2's; point data.tokenizer at one"
+            )
+    return table
+
+
+class BPEEncoder:
+    """GPT-2 BPE on raw text (see `encode_bpe`)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        return encode_bpe(self.tokenizer, text)
+
+    def token_bytes(self) -> np.ndarray:
+        return bpe_token_bytes(self.tokenizer)
 
 
 def encode_bpe(tokenizer: Tokenizer, text: str, chunk_chars: int = 1 << 13) -> np.ndarray:

@@ -6,7 +6,8 @@ and a memory into per-token losses:
 - the loss: token-weighted NLL over the scored targets (never a mean of batch means), plus the
   method's extra term (e.g. the span penalty);
 - the metrics: token-weighted sums synced across ranks, logged as `{stage}/loss`, `{stage}/bpc` or
-  `{stage}/ppl`, `{stage}/word_ppl`, and `throughput/*`;
+  `{stage}/ppl`, `{stage}/word_ppl`, `{stage}/bpb` (bits per UTF-8 byte of the scored text, whatever
+  the tokenizer, from the data module's `token_bytes`), and `throughput/*`;
 - the memory lifecycle: one memory per stage, fresh at every epoch start, detached after every
   training step, so a validation in the middle of an epoch never disturbs the training memory;
 - the optimizer wiring: `optimizer` / `lr_scheduler` callables from the config;
@@ -88,6 +89,8 @@ class LMBase(pl.LightningModule):
         # Token-weighted sums, synced across ranks by torchmetrics on compute().
         self.nll_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
         self.token_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
+        self.byte_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
+        self._token_bytes: tuple[Tensor, Tensor] | None = None  # data module's (V,) table, on device
         self._batch_start_time: float | None = None
         self._eval_batches: dict[str, int] = {"val": 0, "test": 0}
 
@@ -152,6 +155,7 @@ class LMBase(pl.LightningModule):
         # Fresh metric states (also unshares tensors that a spawned process inherited).
         self.nll_sum[stage].reset()
         self.token_sum[stage].reset()
+        self.byte_sum[stage].reset()
 
     def on_validation_epoch_end(self) -> None:
         self._reset_memory("val")
@@ -178,6 +182,8 @@ class LMBase(pl.LightningModule):
         mean_nll = (nll_sum / tokens.clamp_min(1)).detach()
         self.log("train/loss", mean_nll, prog_bar=True)
         self._log_unit_metric("train", mean_nll)
+        if (n_bytes := self._scored_bytes(batch["target"], mask)) is not None:
+            self.log("train/bpb", nll_sum.detach() / math.log(2) / n_bytes.clamp_min(1))
         self._log_step_logs("train", out.logs)
         self._train_tokens = float(global_tokens)
         return loss
@@ -195,6 +201,8 @@ class LMBase(pl.LightningModule):
         mask = batch["mask"] if out.mask is None else out.mask
         self.nll_sum[stage].update((out.nll.double() * mask).sum())
         self.token_sum[stage].update(mask.sum().double())
+        if (n_bytes := self._scored_bytes(batch["target"], mask)) is not None:
+            self.byte_sum[stage].update(n_bytes.double())
         self._eval_batches[stage] += 1
         self._log_step_logs(stage, out.logs)
 
@@ -203,6 +211,16 @@ class LMBase(pl.LightningModule):
         if self.trainer.world_size == 1:
             return value
         return self.all_gather(value).sum()
+
+    def _scored_bytes(self, target: Tensor, mask: Tensor) -> Tensor | None:
+        """UTF-8 bytes of the text of the scored targets, or None when the data module has no
+        bytes-per-id table (`LMDataModule.token_bytes`)."""
+        table = getattr(getattr(self.trainer, "datamodule", None), "token_bytes", None)
+        if table is None:
+            return None
+        if self._token_bytes is None or self._token_bytes[0] is not table:
+            self._token_bytes = (table, table.to(target.device))  # a copy per data module and device
+        return (self._token_bytes[1][target] * mask).sum()
 
     def _unit_metric(self) -> str:
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -222,14 +240,18 @@ class LMBase(pl.LightningModule):
     def _log_eval_metrics(self, stage: str) -> None:
         nll = self.nll_sum[stage].compute()
         tokens = self.token_sum[stage].compute()
+        n_bytes = self.byte_sum[stage].compute()
         self.nll_sum[stage].reset()
         self.token_sum[stage].reset()
+        self.byte_sum[stage].reset()
         if tokens <= 0:
             return
         mean_nll = (nll / tokens).float()
         self.log(f"{stage}/loss", mean_nll, prog_bar=True, sync_dist=False)
         self.log(f"{stage}/tokens", tokens.float(), sync_dist=False)
         self._log_unit_metric(stage, mean_nll, sync_dist=False)
+        if n_bytes > 0:
+            self.log(f"{stage}/bpb", (nll / math.log(2) / n_bytes).float(), sync_dist=False)
         words = self._word_count(stage)
         if words:
             self.log(f"{stage}/word_ppl", torch.exp(nll / words).float(), sync_dist=False)
