@@ -6,7 +6,16 @@ On top of LightningCLI it:
   config, W&B files), where the run name is stable across SLURM requeues of the same array task;
 - makes W&B safe to use anywhere: offline when no credentials and no `WANDB_MODE` are present (never
   an interactive login prompt), the W&B run id derived from the run name (so a requeued job resumes
-  its W&B run), runs of one sweep grouped, and the full resolved config and git revision logged.
+  its W&B run), runs of one sweep grouped, and the full resolved config and git revision logged;
+- builds the model from the config and the flags alone, also with `--ckpt_path` (LightningCLI 2.6
+  would re-parse it from the checkpoint's saved hyperparameters, dropping evaluation settings such
+  as TRAMS's), and refuses, in one line, a checkpoint whose weights do not fit that model;
+- reports bad input in one line (`error: ...`): a model's or data module's `__init__` rejecting its
+  settings, a missing `--ckpt_path` file, `--ckpt_path last` with nothing to evaluate.
+
+`predict` is not offered: an LM's prediction here is its per-token NLL, which depends on the carried
+memory and the method's scoring protocol; `test`/`validate` compute exactly that, token-weighted and
+synced across ranks, while a predict loop would gather unreduced per-rank outputs with neither.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,15 +34,37 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import (
+    LightningArgumentParser,
+    LightningCLI,
+    SaveConfigCallback,
+    _get_module_type,
+    _InstantiatorFn,
+)
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from longctx.callbacks import CheckpointOnSigterm, ProgressLog
+from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.models.base import LMBase
 
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
+# `--ckpt_path` values Lightning resolves itself; anything else is a file.
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
+FIT_STAGES = {"fit": TrainerFn.FITTING, "validate": TrainerFn.VALIDATING, "test": TrainerFn.TESTING}
+
+
+class ConfigError(ValueError):
+    """Bad input found by the CLI; `main` prints it as one line."""
+
+
+@rank_zero_only
+def say(message: str) -> None:
+    """One line for the person reading the log (rank 0 only)."""
+    print(f"longctx: {message}", file=sys.stderr, flush=True)
 
 
 def run_name_from_env() -> str:
@@ -124,8 +156,28 @@ class LongCtxTrainer(Trainer):
         return evaluate_overlaps(self, model, datamodule, ckpt_path, overlaps, split)
 
 
+class ReportInitErrors(_InstantiatorFn):
+    """Lightning's instantiator (it records the config as the model's hyperparameters) that keeps the
+    error an `__init__` raises: jsonargparse would bury it in "Does not validate against any of the
+    Union subtypes" and a dump of every setting."""
+
+    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(
+                class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs
+            )
+        except (ValueError, TypeError, OSError) as err:  # bad settings or files: the user's to fix
+            error: Exception = ConfigError(f"{self.key}: {class_type.__name__}: {err}")
+            error.__cause__ = err
+        except Exception as err:  # a bug: keep its own traceback
+            error = err
+        self.cli.init_error = self.cli.init_error or error
+        raise error
+
+
 class LongCtxCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.init_error: Exception | None = None
         kwargs.setdefault("save_config_callback", LoggedConfigCallback)
         # A requeued run writes into its own run directory again.
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -136,7 +188,33 @@ class LongCtxCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        return {**LightningCLI.subcommands(), "evaluate_overlaps": {"model", "datamodule"}}
+        """fit, validate, test and evaluate_overlaps (`predict` is not offered: see the module doc)."""
+        commands = {name: args for name, args in LightningCLI.subcommands().items() if name != "predict"}
+        return {**commands, "evaluate_overlaps": {"model", "datamodule"}}
+
+    def _parse_ckpt_path(self) -> None:
+        """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters
+        saved in `--ckpt_path` over them, so evaluation settings (memory length, TRAMS, protocol)
+        silently revert to training's and another method's checkpoint replaces the configured model.
+        Whether the checkpoint's weights fit the model is checked before loading (`prepare_ckpt_path`).
+        """
+
+    def _add_instantiators(self) -> None:
+        for key, cls, subclasses in (
+            ("model", self._model_class, self.subclass_mode_model),
+            ("data", self._datamodule_class, self.subclass_mode_data),
+        ):
+            self.parser.add_instantiator(
+                ReportInitErrors(cli=self, key=key), _get_module_type(cls), subclasses=subclasses
+            )
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except Exception:
+            if self.init_error is not None:
+                raise self.init_error from self.init_error.__cause__
+            raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
@@ -157,6 +235,9 @@ class LongCtxCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and ckpt_path not in SPECIAL_CKPT_PATHS and not Path(ckpt_path).is_file():
+            raise ConfigError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         run_name = config.get("run_name") or run_name_from_env()
         config.run_name = run_name
@@ -179,6 +260,46 @@ class LongCtxCLI(LightningCLI):
 
     def before_fit(self) -> None:
         _check_checkpoint_names(self.trainer)
+        self.prepare_ckpt_path()
+
+    def before_validate(self) -> None:
+        self.prepare_ckpt_path()
+
+    def before_test(self) -> None:
+        self.prepare_ckpt_path()
+
+    def before_evaluate_overlaps(self) -> None:
+        self.prepare_ckpt_path()
+
+    def prepare_ckpt_path(self) -> None:
+        """Check that `--ckpt_path` fits the configured model, before Lightning loads it.
+
+        `last` resolves as Lightning resolves it (the newest `last*.ckpt` of the run's checkpoint
+        callbacks). With none yet, `fit` starts fresh and says so in one line (what a requeued or
+        restarted sweep task relies on), while an evaluation has nothing to evaluate: an error.
+        """
+        arguments = self.config_init[self.subcommand]
+        ckpt_path = arguments.get("ckpt_path")
+        if ckpt_path == "last":
+            stage = FIT_STAGES.get(self.subcommand, TrainerFn.TESTING)
+            with warnings.catch_warnings():  # Lightning's own warning says less than the lines below
+                warnings.simplefilter("ignore")
+                found = self.trainer._checkpoint_connector._parse_ckpt_path(
+                    stage, "last", model_provided=True, model_connected=True
+                )
+            if found is None:
+                where = Path(self.trainer.default_root_dir) / "checkpoints"
+                if self.subcommand != "fit":
+                    raise ConfigError(f"--ckpt_path last: no checkpoint in {where}, so nothing to evaluate")
+                say(f"--ckpt_path last: no checkpoint in {where} yet; the run starts fresh")
+                arguments.ckpt_path = None  # Lightning would warn again; its SLURM hpc resume still applies
+                return
+            ckpt_path = found
+        if ckpt_path and ckpt_path not in SPECIAL_CKPT_PATHS:
+            try:
+                check_checkpoint_fits(ckpt_path, self.model, strict=self.model.strict_loading)
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
 
 
 def _logger_configs(logger: Any) -> list[Namespace]:
@@ -207,5 +328,14 @@ def _check_checkpoint_names(trainer: Trainer) -> None:
 
 
 def main(args: list[str] | None = None) -> LongCtxCLI:
-    """Entry point of `python -m longctx` and of the `longctx` script."""
-    return LongCtxCLI(args=args, parser_kwargs={"parser_mode": "yaml"})
+    """Entry point of `python -m longctx` and of the `longctx` script; bad input exits with one line."""
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["predict"]:
+        sys.exit(
+            "error: predict is not offered: per-token NLL depends on the carried memory and the scoring "
+            "protocol, which `test` and `validate` apply; run one of those"
+        )
+    try:
+        return LongCtxCLI(args=args, parser_kwargs={"parser_mode": "yaml"})
+    except ConfigError as err:
+        sys.exit(f"error: {err}")

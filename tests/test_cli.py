@@ -10,6 +10,7 @@ import io
 import json
 import os
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,40 @@ def test_float32_matmul_precision_is_set_from_the_config(tmp_path, capsys):
         assert "float32_matmul_precision" in capsys.readouterr().err
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def test_a_models_init_error_is_one_line(tmp_path):
+    """Not jsonargparse's "Does not validate against any of the Union subtypes" and a settings dump."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(quick_args(tmp_path, "--model.init_args.span_loss", "-1"))
+    assert exit_info.value.code == "error: model: AdaptiveSpanLM: span_loss (λ) must be >= 0, got -1.0"
+
+
+def test_missing_checkpoint_file_is_an_error(tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(quick_args(tmp_path, "--ckpt_path", "runs/old/last.ckpt"))
+    assert exit_info.value.code == "error: --ckpt_path runs/old/last.ckpt: no such checkpoint file"
+
+
+def test_ckpt_path_last_without_checkpoint_starts_fresh_in_fit_and_fails_in_evaluation(tmp_path, capsys):
+    """The requeue workflow passes `--ckpt_path last` from the first run on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # Lightning's own multi-line warning is not shown
+        warnings.filterwarnings("ignore", ".*(num_workers|LightningCLI's args|dirpath)")
+        cli = main(quick_args(tmp_path, "--ckpt_path", "last", "--trainer.max_steps", "1"))
+    assert cli.trainer.global_step == 1
+    where = Path("runs/quick/checkpoints")
+    expected = f"longctx: --ckpt_path last: no checkpoint in {where} yet; the run starts fresh\n"
+    assert expected in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", *quick_args(tmp_path, "--ckpt_path", "last", "--run_name", "other")[1:]])
+    assert exit_info.value.code == (
+        f"error: --ckpt_path last: no checkpoint in {Path('runs/other/checkpoints')}, so nothing to evaluate"
+    )
+
+
+def test_predict_is_not_offered(tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", *quick_args(tmp_path)[1:]])
+    assert str(exit_info.value.code).startswith("error: predict is not offered: ")
+    assert "predict" not in LongCtxCLI.subcommands()

@@ -61,6 +61,7 @@ class TransformerXLLM(LMBase):
         cutoffs, div_val, tie_weight, tie_projs: adaptive input and softmax (wt103: [20000, 40000,
             200000], div_val 1, tied, tie_projs [False, True, True, True]); cutoffs [] = full softmax.
         init_std, proj_init_std: initialisation (0.02, 0.01).
+        untie_r: one u, v pair per layer (Hugging Face's transfo-xl-wt103) instead of one shared pair.
         mem_len, clamp_len, same_length: training memory length (0 = Transformer+RPE), cap of
             relative positions (0 = none), equal key count per query.
         eval_mem_len, eval_clamp_len, eval_same_length: the same at validation/test (None = training's).
@@ -91,6 +92,7 @@ class TransformerXLLM(LMBase):
         tie_projs: list[bool] | None = None,
         init_std: float = 0.02,
         proj_init_std: float = 0.01,
+        untie_r: bool = False,
         mem_len: int = 150,
         clamp_len: int = 0,
         same_length: bool = False,
@@ -131,6 +133,7 @@ class TransformerXLLM(LMBase):
             tie_projs=tie_projs,
             init_std=init_std,
             proj_init_std=proj_init_std,
+            untie_r=untie_r,
         )
         self.mem_len, self.clamp_len, self.same_length = mem_len, clamp_len, same_length
         self.eval_mem_len = mem_len if eval_mem_len is None else eval_mem_len
