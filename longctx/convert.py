@@ -39,7 +39,8 @@ from torch import Tensor
 from longctx.data.datamodule import LMDataModule
 from longctx.models.base import LMBase
 
-# format -> module with `MODEL_CLASS`, `ARCH_KEYS`, `convert(source, model, datamodule, vocab)`.
+# format -> module with `MODEL_CLASS`, `ARCH_KEYS`, `read_vocab(fmt, source, vocab)` (the word
+# vocabulary in the checkpoint's id order, or None) and `convert(fmt, source, model, datamodule, vocab)`.
 FORMATS = {
     "adaptive-span": "longctx.methods.adaptive_span.convert",
     "transfo-xl-hf": "longctx.methods.transformer_xl.convert",
@@ -55,13 +56,12 @@ class ConvertError(ValueError):
 class Converted:
     """What a format converter returns.
 
-    state_dict: tensors under the model's own names (tied names may be given once).
-    vocab: the word vocabulary in the checkpoint's id order, written next to DEST, or None.
+    state_dict: tensors under the model's own names (tied names may be given once, or several
+        times with equal values).
     notes: lines printed after conversion (e.g. evaluation settings the checkpoint was released with).
     """
 
     state_dict: dict[str, Tensor]
-    vocab: list[str] | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -118,6 +118,13 @@ def load_converted(model: LMBase, state: dict[str, Tensor], source: str) -> None
     missing = sorted(name for name in expected if not any(alias in state for alias in groups[name]))
     if missing:
         raise ConvertError(f"{source}: nothing in the checkpoint fills {missing}")
+    for name in expected:
+        given = [alias for alias in groups[name] if alias in state]
+        if any(not torch.equal(state[given[0]], state[alias]) for alias in given[1:]):
+            raise ConvertError(
+                f"{source}: the config ties {given}, but the checkpoint holds different tensors for them "
+                "(check model.init_args.tie_weight / tie_projs)"
+            )
     full = {name: state[next(a for a in groups[name] if a in state)] for name in expected}
     model.load_state_dict(full, strict=True)
 
@@ -157,28 +164,41 @@ def convert(
     dest: Path,
     vocab: Path | None = None,
     overrides: Sequence[str] = (),
-) -> Converted:
-    """Convert `source` (a checkpoint in format `fmt`) into the model of `config`, saved as `dest`."""
+) -> tuple[Converted, Path | None]:
+    """Convert `source` (a checkpoint in format `fmt`) into the model of `config`, saved as `dest`.
+
+    Returns the converter's result and the word vocabulary file written next to `dest` (or None).
+    The vocabulary is written first: the config is read with `data.vocab_file` pointing at it, so
+    the model gets the checkpoint's vocabulary size.
+    """
     if fmt not in FORMATS:
         raise ConvertError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
     if not source.exists():
         raise ConvertError(f"{source} does not exist")
     converter = importlib.import_module(FORMATS[fmt])
-    model, datamodule = load_config(config, overrides)
-    if not isinstance(model, converter.MODEL_CLASS):
-        raise ConvertError(
-            f"format {fmt} converts into {converter.MODEL_CLASS.__name__}, but {config} configures "
-            f"{type(model).__name__}"
-        )
-    result = converter.convert(fmt, source, model, datamodule, vocab)
-    load_converted(model, result.state_dict, str(source))
+    symbols = converter.read_vocab(fmt, source, vocab)
+    vocab_file = vocab_path_for(dest) if symbols is not None else None
+    if vocab_file is not None:
+        text = "".join(f"{symbol}\n" for symbol in symbols)
+        _atomic_write(vocab_file, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        overrides = [*overrides, "--data.vocab_file", str(vocab_file)]
+    try:
+        model, datamodule = load_config(config, overrides)
+        if not isinstance(model, converter.MODEL_CLASS):
+            raise ConvertError(
+                f"format {fmt} converts into {converter.MODEL_CLASS.__name__}, but {config} configures "
+                f"{type(model).__name__}"
+            )
+        result = converter.convert(fmt, source, model, datamodule, vocab)
+        load_converted(model, result.state_dict, str(source))
+    except BaseException:
+        if vocab_file is not None:
+            vocab_file.unlink(missing_ok=True)
+        raise
     origin = {"format": fmt, "source": str(source), "config": str(config)}
     checkpoint = lightning_checkpoint(model, converter.ARCH_KEYS, origin)
-    if result.vocab is not None:
-        text = "".join(f"{symbol}\n" for symbol in result.vocab)
-        _atomic_write(vocab_path_for(dest), lambda tmp: tmp.write_text(text, encoding="utf-8"))
     _atomic_write(dest, lambda tmp: torch.save(checkpoint, tmp))
-    return result
+    return result, vocab_file
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -201,14 +221,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("dest", type=Path, help="the longctx checkpoint to write (.ckpt)")
     args, overrides = parser.parse_known_args(argv)
     try:
-        result = convert(args.fmt, args.config, args.source, args.dest, args.vocab, overrides)
+        result, vocab_file = convert(args.fmt, args.config, args.source, args.dest, args.vocab, overrides)
     except (ConvertError, ValueError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
     print(f"wrote {args.dest}")
     test = f"python -m longctx test --config {args.config} --ckpt_path {args.dest}"
-    if result.vocab is not None:
-        print(f"wrote {vocab_path_for(args.dest)} ({len(result.vocab):,} symbols)")
-        test += f" --data.vocab_file {vocab_path_for(args.dest)}"
+    if vocab_file is not None:
+        print(f"wrote {vocab_file} (the checkpoint's word vocabulary)")
+        test += f" --data.vocab_file {vocab_file}"
     for note in result.notes:
         print(note)
     print(f"evaluate: {test}")

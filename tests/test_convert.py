@@ -18,10 +18,12 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from longctx.convert import ConvertError, convert, main
+from longctx.convert import ConvertError, convert, main, vocab_path_for
+from longctx.data.tokenize import WordVocab
 from longctx.methods.adaptive_span.convert import vocabulary_from_files, vocabulary_from_ids
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
-from longctx.safe_unpickle import UnsafePickleError, load_pickle
+from longctx.methods.transformer_xl.module import TransformerXLLM
+from longctx.safe_unpickle import UnsafePickleError, load_pickle, load_torch_pickle
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "authors_checkpoints"
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is absent")
@@ -159,6 +161,118 @@ def test_adaptive_span_wrong_vocabulary_source(tmp_path):
     config = write_config(tmp_path, ADAPTIVE_CONFIG)
     with pytest.raises(ConvertError, match=r"train\.txt is missing"):
         convert("adaptive-span", config, ADAPTIVE / "checkpoint.pt", tmp_path / "x.ckpt", vocab=tmp_path)
+
+
+# ---------------------------------------------------------------------------------- Transformer-XL
+XL_CONFIG = """\
+model:
+  class_path: longctx.methods.transformer_xl.module.TransformerXLLM
+  init_args:
+    {{n_layers: 2, d_model: 32, n_heads: 4, d_head: 8, d_inner: 64, d_embed: 32, cutoffs: [100, 400],
+     div_val: {div_val}, tie_projs: [false, true, true], untie_r: {untie_r}, mem_len: 16, eval_mem_len: 16}}
+data:
+  corpus: wikitext2
+"""
+XL_FORMATS = {  # format -> fixture folder, source of each model, untie_r per model, vocabulary source
+    "transfo-xl-hf": ("transfo_xl_hf", "{div}", {"div1": "false", "div2": "true"}, None),
+    "transfo-xl": ("transfo_xl", "{div}/model.pt", {"div1": "false", "div2": "false"}, "wt2_piece/cache.pt"),
+}
+XL_CASES = [(fmt, div) for fmt in XL_FORMATS for div in ("div1", "div2")]
+SEGMENT = 16
+
+
+def convert_xl(tmp: Path, fmt: str, div: str) -> Path:
+    folder, source, untie, vocab = XL_FORMATS[fmt]
+    config = write_config(tmp, XL_CONFIG.format(div_val=div[-1], untie_r=untie[div]), f"{fmt}-{div}.yaml")
+    dest = tmp / f"{fmt}-{div}.ckpt"
+    vocab_path = FIXTURES / vocab if vocab else None
+    convert(fmt, config, FIXTURES / folder / source.format(div=div), dest, vocab=vocab_path)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def xl_ckpts(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    tmp = tmp_path_factory.mktemp("xl")
+    return {case: convert_xl(tmp, *case) for case in XL_CASES}
+
+
+def xl_nll(
+    ckpt: Path, stream: torch.Tensor, protocol: str, same_length: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token NLL (48,) and scored mask over 3 segments of 16 (bsz 1), memory 16, as the fixture."""
+    model = TransformerXLLM.load_from_checkpoint(
+        ckpt, eval_mem_len=SEGMENT, eval_same_length=same_length, protocol=protocol
+    ).eval()
+    memory, nll, mask = model.init_memory(1), [], []
+    with torch.no_grad():
+        for i in range(3):
+            batch = {
+                "input": stream[:, i * SEGMENT : (i + 1) * SEGMENT],
+                "target": stream[:, i * SEGMENT + 1 : (i + 1) * SEGMENT + 1],
+                "mask": torch.ones(1, SEGMENT, dtype=torch.bool),
+                "reset": torch.tensor([i == 0]),
+            }
+            out = model.step(batch, memory)
+            memory = out.memory
+            nll.append(out.nll)
+            mask.append(batch["mask"] if out.mask is None else out.mask)
+    return torch.cat(nll, dim=1)[0].numpy(), torch.cat(mask, dim=1)[0].numpy()
+
+
+@pytest.mark.parametrize("fmt, div", XL_CASES)
+@pytest.mark.parametrize("memory", ["empty", "zero"])
+@pytest.mark.parametrize("same_length", [0, 1])
+def test_transformer_xl_matches_their_per_token_nll(xl_ckpts, fmt, div, memory, same_length):
+    """All four variants of their evaluation: longctx's protocol xl starts from an empty memory (as
+    kimiyoung), protocol trams from mem_len zero states (as HF's init_mems and TRAMS)."""
+    folder = FIXTURES / XL_FORMATS[fmt][0]
+    stream = torch.from_numpy(np.load(folder / "stream_ids.npy")).long()[None]  # (1, 49)
+    expected = np.load(folder / f"expected_nll_{div}.npz")[f"mem-{memory}_samelen-{same_length}"]  # (48,)
+    protocol = "xl" if memory == "empty" else "trams"
+    nll, scored = xl_nll(xl_ckpts[(fmt, div)], stream, protocol, bool(same_length))
+    np.testing.assert_allclose(nll, expected, rtol=RTOL, atol=0)
+    # The TRAMS protocol also leaves out the last target of every segment (their loss never scores a
+    # segment's first token): the scored tokens are the others, with the same values.
+    expected_scored = np.ones(48, dtype=bool)
+    if protocol == "trams":
+        expected_scored[SEGMENT - 1 :: SEGMENT] = False
+    np.testing.assert_array_equal(scored, expected_scored)
+
+
+def test_transformer_xl_vocabulary_tokenizes_wikitext_to_their_ids(xl_ckpts, tmp_path):
+    """The written vocabulary makes longctx's word tokenizer give the checkpoint's ids."""
+    for fmt in XL_FORMATS:
+        vocab = WordVocab.load(vocab_path_for(xl_ckpts[(fmt, "div1")]))
+        ids = vocab.encode_file(FIXTURES / "wt2_piece" / "test.txt")
+        np.testing.assert_array_equal(ids[:49], np.load(FIXTURES / "transfo_xl_hf" / "stream_ids.npy"))
+    # A vocabulary without <unk> that does not cover the text is refused.
+    partial = tmp_path / "partial.txt"
+    partial.write_text("<eos>\n=\n")
+    with pytest.raises(
+        ValueError, match=r"word 'Robert' is not in the vocabulary and the vocabulary has no <unk>"
+    ):
+        WordVocab.load(partial).encode_file(FIXTURES / "wt2_piece" / "test.txt")
+
+
+def test_transformer_xl_hf_needs_untie_r(tmp_path):
+    config = write_config(tmp_path, XL_CONFIG.format(div_val=2, untie_r="false"))
+    message = "the checkpoint has untie_r = True, the config's model.init_args.untie_r = False"
+    with pytest.raises(ConvertError, match=message):
+        convert("transfo-xl-hf", config, FIXTURES / "transfo_xl_hf" / "div2", tmp_path / "x.ckpt")
+    assert not (tmp_path / "x.ckpt").exists() and not vocab_path_for(tmp_path / "x.ckpt").exists()
+
+
+def test_transformer_xl_hf_cluster_rows_are_reversed(xl_ckpts):
+    theirs = torch.load(FIXTURES / "transfo_xl_hf" / "div1" / "pytorch_model.bin", weights_only=True)
+    ours = torch.load(xl_ckpts[("transfo-xl-hf", "div1")], weights_only=True)["state_dict"]
+    torch.testing.assert_close(ours["net.crit.cluster_weight"], theirs["crit.cluster_weight"].flip(0))
+    torch.testing.assert_close(ours["net.crit.cluster_bias"], theirs["crit.cluster_bias"].flip(0))
+
+
+def test_kimiyoung_pickle_is_read_without_their_classes(tmp_path):
+    """Their model.pt names only the allowed classes; anything else is refused by name."""
+    with pytest.raises(UnsafePickleError, match=r"names 'mem_transformer\.MemTransformerLM'"):
+        load_torch_pickle(FIXTURES / "transfo_xl" / "div1" / "model.pt", allowed=set())
 
 
 # ---------------------------------------------------------------------------------- errors

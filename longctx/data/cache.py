@@ -87,7 +87,9 @@ class CorpusSpec:
     hub id of a byte-level BPE, or `bytes` (byte level, for the byte-level methods). max_train_documents /
     max_eval_document_tokens: PG-19 subset (first N train books; first K tokens of every validation
     book). mirror: base URL of a mirror with the same file names (`<mirror>/<archive>.zip`,
-    `<mirror>/gpt2/*`, `<mirror>/pg19/<folder>/*.txt`, `<mirror>/pg19-listing`).
+    `<mirror>/gpt2/*`, `<mirror>/pg19/<folder>/*.txt`, `<mirror>/pg19-listing`). vocab_file: a
+    word vocabulary to tokenize with instead of building one (one symbol per line, id = line
+    number; e.g. a released checkpoint's, written by `python -m longctx convert`).
     """
 
     name: str
@@ -99,6 +101,7 @@ class CorpusSpec:
     max_train_documents: int | None = None
     max_eval_document_tokens: int | None = None
     mirror: str | None = None
+    vocab_file: Path | None = None
 
     @property
     def corpus(self) -> Corpus:
@@ -126,6 +129,8 @@ class CorpusSpec:
             "tokenizer": resolved_tokenizer_name(self.tokenizer) if corpus.unit == "bpe" else None,
             "subset": [self.max_train_documents, self.max_eval_document_tokens] if corpus.documents else None,
         }
+        if self.vocab_file is not None:  # the ids depend on the imported vocabulary's content
+            key["vocab_file"] = hashlib.sha1(self.vocab_file.read_bytes()).hexdigest()
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -281,6 +286,8 @@ def vocab_size_of(spec: CorpusSpec) -> int:
     splits than the canonical ones (`split_sources`) is read from (or built into) the cache.
     """
     corpus = spec.corpus
+    if spec.vocab_file is not None:
+        return len(WordVocab.load(spec.vocab_file))
     if spec.unit == "byte":
         return 256
     if corpus.unit == "bpe":
@@ -432,8 +439,9 @@ def _tokenize_words(spec: CorpusSpec, path: Path) -> dict:
     source_files = {source: ensure_member(spec, corpus.splits[source]) for source in sorted(sources)}
     files = {split: source_files[spec.source(split)] for split in SPLITS}
     vocab_files = list(dict.fromkeys(files[s] for s in corpus.vocab_splits))
-    vocab = WordVocab.build(vocab_files)
-    if spec.split_sources is None and corpus.vocab_size and len(vocab) != corpus.vocab_size:
+    imported = spec.vocab_file is not None
+    vocab = WordVocab.load(spec.vocab_file) if imported else WordVocab.build(vocab_files)
+    if not imported and spec.split_sources is None and corpus.vocab_size and len(vocab) != corpus.vocab_size:
         raise DataError(
             f"{spec.name}: the vocabulary built from {[str(f) for f in vocab_files]} has {len(vocab):,} "
             f"symbols, expected {corpus.vocab_size:,}: these are not the published files"

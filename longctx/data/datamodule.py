@@ -65,6 +65,9 @@ class LMDataModule(pl.LightningDataModule):
         word_convention: how words are counted for `*/word_ppl`: whitespace tokens plus one per
             line (`whitespace_eos`, the Transformer-XL token count) or whitespace tokens only.
         mirror: base URL of a mirror serving the corpus files under their own names (docs/data.md).
+        vocab_file: word corpora: tokenize with this vocabulary (one symbol per line, id = line
+            number) instead of building one, e.g. the `.vocab.txt` that `python -m longctx convert`
+            writes next to a released checkpoint, so the text gets the checkpoint's ids.
     """
 
     def __init__(
@@ -90,10 +93,13 @@ class LMDataModule(pl.LightningDataModule):
         train_wrap: Wrap = "restart",
         word_convention: Literal["whitespace_eos", "whitespace"] = "whitespace_eos",
         mirror: str | None = None,
+        vocab_file: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.info = get_corpus(corpus)
+        if vocab_file is not None and self.info.unit != "word":
+            raise ValueError(f"data.vocab_file is a word vocabulary, but corpus {corpus} is not word-level")
         check_positive(batch_size=batch_size, tgt_len=tgt_len, windows_per_batch=windows_per_batch)
         check_positive(eval_batch_size=eval_batch_size, eval_tgt_len=eval_tgt_len)
         if tokenizer == BYTES_TOKENIZER and self.info.unit != "bpe":
@@ -124,6 +130,7 @@ class LMDataModule(pl.LightningDataModule):
             max_train_documents=max_train_documents,
             max_eval_document_tokens=max_eval_document_tokens,
             mirror=mirror,
+            vocab_file=Path(vocab_file).expanduser() if vocab_file else None,
         )
         self.batch_size = batch_size
         self.tgt_len = tgt_len

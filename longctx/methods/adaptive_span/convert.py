@@ -145,6 +145,11 @@ def strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return state
 
 
+def read_vocab(fmt: str, source: Path, vocab: Path | None) -> None:
+    """No word vocabulary: rows move onto longctx's fixed byte/char ids (see `convert`)."""
+    return None
+
+
 def convert(
     fmt: str, source: Path, model: AdaptiveSpanLM, datamodule: LMDataModule, vocab: Path | None
 ) -> Converted:

@@ -3,7 +3,8 @@
 
 Adaptive input -> dropout -> n_layers × [relative attention over (memory, segment), position-wise
 feed-forward] -> dropout -> (adaptive) softmax. As in the code: u and v (`r_w_bias`, `r_r_bias`) are
-shared by all layers; the sinusoid position embeddings go through the same dropout as the
+shared by all layers (one pair per layer with `untie_r`, as Hugging Face's transfo-xl-wt103); the
+sinusoid position embeddings go through the same dropout as the
 embeddings; each layer's memory holds its inputs (`memory.py`); post-LN blocks (pre-LN an
 option); initialisation N(0, init_std) for weights, embeddings, cluster weights and u, v,
 N(0, proj_init_std) for adaptive projections, N(1, init_std) for LayerNorm weights, zero biases.
@@ -104,6 +105,8 @@ class TransformerXL(nn.Module):
         tie_projs: per cluster, share the output projection with the input one (wt103 code:
             [False, True, True, True]); default: all but the head.
         init_std, proj_init_std: initialisation (code: 0.02, 0.01).
+        untie_r: one pair u, v per layer (Hugging Face's `untie_r`, as transfo-xl-wt103 and the TF
+            code's `untie_r`) instead of kimiyoung's PyTorch pair shared by all layers.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class TransformerXL(nn.Module):
         init_std: float = 0.02,
         proj_init_std: float = 0.01,
         layer_norm_eps: float = 1e-5,
+        untie_r: bool = False,
     ) -> None:
         super().__init__()
         d_head = d_head or d_model // n_heads
@@ -135,8 +139,10 @@ class TransformerXL(nn.Module):
         self.word_emb = AdaptiveEmbedding(vocab_size, d_embed, d_model, cutoffs, div_val)
         self.crit = ProjectedAdaptiveLogSoftmax(vocab_size, d_embed, d_model, cutoffs, div_val)
         self.drop = nn.Dropout(dropout)
-        self.r_w_bias = nn.Parameter(torch.empty(n_heads, d_head))  # u
-        self.r_r_bias = nn.Parameter(torch.empty(n_heads, d_head))  # v
+        self.untie_r = untie_r
+        bias_shape = (n_layers, n_heads, d_head) if untie_r else (n_heads, d_head)
+        self.r_w_bias = nn.Parameter(torch.empty(bias_shape))  # u (per layer with untie_r)
+        self.r_r_bias = nn.Parameter(torch.empty(bias_shape))  # v
         self.layers = nn.ModuleList(
             XLBlock(d_model, n_heads, d_head, d_inner, dropout, dropatt, pre_lnorm, layer_norm_eps)
             for _ in range(n_layers)
@@ -207,8 +213,8 @@ class TransformerXL(nn.Module):
                 mem.to(h.dtype),
                 valid,
                 pos_emb,
-                self.r_w_bias,
-                self.r_r_bias,
+                self.r_w_bias[i] if self.untie_r else self.r_w_bias,
+                self.r_r_bias[i] if self.untie_r else self.r_r_bias,
                 same_length=limit,
                 trams=trams,
                 need_mass=need_mass,
