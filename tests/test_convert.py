@@ -319,3 +319,35 @@ def test_python_entry_point_dispatches_convert(tmp_path):
         cwd=Path(__file__).resolve().parents[1],
     )
     assert result.returncode != 0 and "unknown format 'nope'" in result.stderr
+
+
+@pytest.mark.slow
+def test_converted_checkpoint_evaluates_through_the_cli(tmp_path, monkeypatch):
+    """`python -m longctx test --config C --ckpt_path DEST --data.vocab_file V` on real WikiText-2 text
+    gives the same loss as the converted weights evaluated directly."""
+    from longctx.cli import main as cli_main
+    from longctx.data.datamodule import LMDataModule
+
+    data_root = FIXTURES.parents[1] / "data"
+    if not (data_root / "wikitext-2").is_dir():
+        pytest.skip("../shared/data/wikitext-2 is absent")
+    monkeypatch.chdir(tmp_path)
+    dest = convert_xl(tmp_path, "transfo-xl-hf", "div2")
+    data = {
+        "corpus": "wikitext2",
+        "root": str(data_root),
+        "cache_dir": str(tmp_path / "cache"),
+        "download": False,
+        "split_sources": {"train": "valid", "valid": "valid", "test": "test"},
+        "eval_batch_size": 2,
+        "eval_tgt_len": SEGMENT,
+        "vocab_file": str(vocab_path_for(dest)),
+    }
+    flags = [f"--data.{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in data.items()]
+    args = ["test", "--config", str(tmp_path / "transfo-xl-hf-div2.yaml"), "--ckpt_path", str(dest), *flags]
+    args += ["--trainer.limit_test_batches", "3", "--trainer.logger", "false", "--run_name", "cli"]
+    cli = cli_main(args)
+    model = TransformerXLLM.load_from_checkpoint(dest, eval_mem_len=SEGMENT)
+    trainer = Trainer(accelerator="cpu", logger=False, limit_test_batches=3, enable_progress_bar=False)
+    direct = trainer.test(model, datamodule=LMDataModule(**data), verbose=False)[0]["test/loss"]
+    assert float(cli.trainer.callback_metrics["test/loss"]) == pytest.approx(direct, rel=RTOL)
