@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import math
+import re
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -13,7 +14,9 @@ import pytest
 import torch
 
 from longctx.data import cache, corpora
+from longctx.data.__main__ import main as prepare_main
 from longctx.data.datamodule import LMDataModule
+from longctx.data.download import DataError
 from tests.conftest import shared_dir, skip_without_shared
 from tests.lm_fixtures import CarryLM, cpu_trainer
 
@@ -113,6 +116,39 @@ def test_segment_longer_than_the_split_is_a_clear_error(tmp_path):
     data.setup()
     with pytest.raises(ValueError, match=r"sample valid split: .*use a shorter segment length"):
         data.val_dataloader()
+
+
+def test_missing_data_root_names_the_prepare_command(tmp_path):
+    """What a user without ../shared/data sees running a CPU recipe: the folder and the command."""
+    missing = tmp_path / "shared" / "data"
+    data = LMDataModule("wikitext2", root=str(missing), cache_dir=str(tmp_path / "cache"), download=False)
+    with pytest.raises(
+        DataError,
+        match=rf"^wikitext2: wiki\.test\.tokens is missing from {missing}/wikitext-2 \(data\.root {missing} "
+        r"does not exist\) and downloads are off .*`python -m longctx\.data prepare --config <your config>`",
+    ):
+        data.prepare_data()
+
+
+@needs_shared
+def test_prepare_from_a_config_reads_its_data_settings(tmp_path, capsys):
+    """`prepare --config` resolves the config's `data:` as the CLI does (nested configs, split sources)
+    and writes the very cache the run reads."""
+    config = Path(__file__).resolve().parents[1] / "configs" / "transformer_xl_tiny.yaml"
+    cache_dir = tmp_path / "cache"
+    prepare_main(["prepare", "--config", str(config), "--root", str(SHARED), "--cache_dir", str(cache_dir)])
+    (folder,) = cache_dir.iterdir()
+    assert folder.name.startswith("wikitext2-")
+    out = capsys.readouterr().out
+    assert re.search(r"train +217,646 tokens", out)  # train is the valid split (the config's split_sources)
+    run = LMDataModule(
+        "wikitext2",
+        root=str(SHARED),
+        cache_dir=str(cache_dir),
+        download=False,
+        split_sources={"train": "valid", "valid": "test", "test": "test"},
+    )
+    assert run.spec.path == folder
 
 
 def test_missing_files_offline_name_the_corpus_and_the_files(tmp_path):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from longctx.data import cache, corpora
-from longctx.data.cache import CorpusSpec, load_corpus, prepare_corpus, vocab_size_of
+from longctx.data.cache import CorpusSpec, load_corpus, load_tokenizer, prepare_corpus, vocab_size_of
 from longctx.data.corpora import Archive, Checksum, Member
 from longctx.data.download import ChecksumError, DataError, fetch
 from tests.conftest import shared_dir, skip_without_shared
@@ -289,8 +289,6 @@ def test_pg19_books_and_gpt2_files_from_mirror(server, tmp_path):
     # The first two train books by file name: 100.txt then 200.txt, each its own document.
     assert len(train.doc_offsets) == 3
     first = np.asarray(train.tokens[: train.doc_offsets[1]])
-    from longctx.data.cache import load_tokenizer
-
     tokenizer = load_tokenizer(s)
     assert tokenizer.decode(first.tolist()) == BOOKS["train"]["100.txt"]
     assert len(corpus.split("valid").tokens) == 3  # first 3 tokens of the validation book
@@ -328,3 +326,36 @@ def test_pg19_corrupt_book_is_rejected(server, tmp_path, monkeypatch):
 def test_pg19_offline_without_books_names_the_folder(tmp_path):
     with pytest.raises(DataError, match=r"pg19: no books for split train .*train"):
         prepare_corpus(spec(tmp_path, None, name="pg19", download=False, tokenizer=str(SHARED / "gpt2")))
+
+
+def test_pg19_at_byte_level(server, tmp_path):
+    """`tokenizer: bytes`: the books' UTF-8 bytes are the ids, one document per book."""
+    books = {**BOOKS, "test": {"500.txt": "Ein Büchlein — «test».\n"}}
+    for folder, files in books.items():
+        for name, text in files.items():
+            server.files[f"/pg19/{folder}/{name}"] = text.encode()
+    s = spec(tmp_path, server.url, name="pg19", tokenizer="bytes")
+    assert vocab_size_of(s) == 256
+    prepare_corpus(s)
+    corpus = load_corpus(s)
+    test = corpus.split("test")
+    text = books["test"]["500.txt"].encode()
+    assert bytes(test.tokens) == text and test.doc_offsets.tolist() == [0, len(text)] and len(text) == 28
+    assert corpus.token_bytes.tolist() == [1] * 256 and corpus.split("train").doc_offsets.tolist() == [
+        0,
+        21,
+        34,
+        41,
+    ]
+
+
+@needs_shared
+def test_missing_tokenizer_folder_is_fetched_only_when_downloads_are_on(server, tmp_path):
+    for name in ("encoder.json", "vocab.bpe"):
+        server.files[f"/gpt2/{name}"] = gzip.decompress((SHARED / "gpt2" / f"{name}.gz").read_bytes())
+    folder = tmp_path / "tok" / "gpt2"
+    offline = spec(tmp_path, server.url, name="wikitext103_raw", tokenizer=str(folder), download=False)
+    with pytest.raises(DataError, match=r"not in .*tok/gpt2 and downloads are off\. .*longctx\.data prepare"):
+        load_tokenizer(offline)
+    assert load_tokenizer(dataclasses.replace(offline, download=True)).get_vocab_size() == 50_257
+    assert sorted(p.name for p in folder.iterdir()) == ["encoder.json", "vocab.bpe"]

@@ -1,42 +1,88 @@
-"""`python -m longctx.data prepare CORPUS`: download, verify and tokenize a corpus ahead of a job.
+"""`python -m longctx.data prepare`: download, verify and tokenize a corpus ahead of a job.
 
-Run it where there is internet (a login node) with the same `--root`/`--cache_dir` the jobs use;
-jobs on compute nodes then only memory-map the cache. Prints each split's token count.
+    python -m longctx.data prepare --config configs/transformer_xl_tiny.yaml   # what a config reads
+    python -m longctx.data prepare wikitext103 --root /data/longctx            # one corpus
+
+With `--config` (repeatable, composed as `python -m longctx fit` composes them) the corpus, root,
+split sources and tokenizer are the config's own `data:` settings, resolved by the CLI's parser, so
+the cache it writes is the one the run reads; the other flags override them. Downloads are on unless
+`--no-download` (a config's `data.download: false` is for the jobs, not for this command). Run it
+where there is internet (a login node); jobs on compute nodes then only memory-map the cache.
+Prints each split's token count.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from longctx.data.corpora import CORPORA
 from longctx.data.datamodule import SPLITS, LMDataModule
 
+# The options that decide which files are read and which ids come out; the rest of a config's `data:`
+# (batch sizes, lengths, modes) does not change the cache.
+CACHE_OPTIONS = (
+    "corpus",
+    "root",
+    "cache_dir",
+    "split_sources",
+    "tokenizer",
+    "max_train_documents",
+    "max_eval_document_tokens",
+    "mirror",
+    "vocab_file",
+)
+
+
+def config_data(configs: list[str]) -> dict[str, Any]:
+    """The `data:` settings a run with these configs uses, resolved by longctx's own CLI parser
+    (nested `config:` files and dotted keys included); nothing is instantiated."""
+    from longctx.cli import LongCtxCLI
+
+    class ParseOnly(LongCtxCLI):
+        def before_instantiate_classes(self) -> None:
+            pass
+
+        def instantiate_classes(self) -> None:
+            pass
+
+        def _add_configure_optimizers_method_to_model(self, subcommand: str | None) -> None:
+            pass
+
+    args = [arg for config in configs for arg in ("--config", config)]
+    cli = ParseOnly(args=args, run=False, parser_kwargs={"parser_mode": "yaml"})
+    return cli.config.data.as_dict()
+
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m longctx.data", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m longctx.data", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser("prepare", help="download, verify and tokenize one corpus")
-    prepare.add_argument("corpus", choices=sorted(CORPORA))
-    prepare.add_argument("--root", help="raw files (default: $LONGCTX_DATA or ~/.cache/longctx)")
+    prepare.add_argument(
+        "corpus", nargs="?", choices=sorted(CORPORA), help="the corpus (or take it from --config)"
+    )
+    prepare.add_argument("--config", action="append", default=[], help="a run config: prepare what it reads")
+    prepare.add_argument(
+        "--root", help="raw files (default: the config's, else $LONGCTX_DATA or ~/.cache/longctx)"
+    )
     prepare.add_argument("--cache_dir", help="token cache (default: <root>/cache)")
     prepare.add_argument("--no-download", dest="download", action="store_false", help="never use the network")
-    prepare.add_argument("--tokenizer", default="gpt2", help="GPT-2 BPE for BPE corpora: local dir or hub id")
+    prepare.add_argument(
+        "--tokenizer", help="raw-text corpora: gpt2 (default), a BPE folder or hub id, bytes"
+    )
     prepare.add_argument("--max_train_documents", type=int, help="PG-19: first N train books")
     prepare.add_argument("--max_eval_document_tokens", type=int, help="PG-19: first K tokens per eval book")
     args = parser.parse_args(argv)
+    if args.corpus is None and not args.config:
+        parser.error("name a corpus or give --config")
 
-    data = LMDataModule(
-        corpus=args.corpus,
-        root=args.root,
-        cache_dir=args.cache_dir,
-        download=args.download,
-        tokenizer=args.tokenizer,
-        max_train_documents=args.max_train_documents,
-        max_eval_document_tokens=args.max_eval_document_tokens,
-    )
+    settings = config_data(args.config) if args.config else {}
+    settings = {key: value for key, value in settings.items() if key in CACHE_OPTIONS and value is not None}
+    flags = {key: getattr(args, key) for key in CACHE_OPTIONS if getattr(args, key, None) is not None}
+    data = LMDataModule(**{**settings, **flags, "download": args.download})
     data.prepare_data()
     data.setup()
-    print(f"{args.corpus}: vocabulary {data.vocab_size}, cache {data.spec.cache_dir}")
+    print(f"{data.spec.name}: vocabulary {data.vocab_size}, cache {data.corpus.path}")
     for split in SPLITS:
         tokens = data.corpus.split(split).tokens
         print(f"  {split:5s} {len(tokens):>14,d} tokens ({tokens.dtype})")

@@ -328,10 +328,12 @@ def ensure_member(spec: CorpusSpec, name: str) -> Path:
     url = spec.url(archive.url, archive.filename)
     if not spec.download:
         expected = ", ".join(m.name for m in archive.members)
+        no_root = f" (data.root {spec.root} does not exist)" if not spec.root.exists() else ""
         raise DataError(
-            f"{spec.name}: {name} is missing from {folder} and downloads are off (data.download: false). "
-            f"Put the corpus files ({expected}; plain or .gz) in {folder}, or download {url} and unzip "
-            f"it there, or set data.download: true where there is network access"
+            f"{spec.name}: {name} is missing from {folder}{no_root} and downloads are off (data.download: "
+            f"false). Fetch the corpus with `python -m longctx.data prepare --config <your config>` (or "
+            f"`python -m longctx.data prepare {spec.name} --root {spec.root}`) where there is network "
+            f"access, or put its files ({expected}; plain or .gz) in {folder} (from {url})"
         )
     folder.mkdir(parents=True, exist_ok=True)
     zip_path = folder / archive.filename
@@ -348,7 +350,7 @@ def resolved_tokenizer_name(tokenizer: str) -> str:
     if tokenizer == BYTES_TOKENIZER:
         return tokenizer
     path = Path(tokenizer).expanduser()
-    return str(path.resolve()) if path.is_dir() else tokenizer
+    return str(path.resolve()) if path.is_dir() or is_local_path(tokenizer) else tokenizer
 
 
 def raw_text_encoder(spec: CorpusSpec) -> ByteEncoder | BPEEncoder:
@@ -356,8 +358,17 @@ def raw_text_encoder(spec: CorpusSpec) -> ByteEncoder | BPEEncoder:
     return ByteEncoder() if spec.unit == "byte" else BPEEncoder(load_tokenizer(spec))
 
 
+def is_local_path(tokenizer: str) -> bool:
+    """A `data.tokenizer` naming a local folder (`./x`, `../x`, `/x`, `~/x`) rather than a hub id."""
+    return tokenizer.startswith((".", "/", "~"))
+
+
 def load_tokenizer(spec: CorpusSpec) -> Tokenizer:
-    """The GPT-2 BPE tokenizer named by `spec.tokenizer` (see `CorpusSpec`)."""
+    """The GPT-2 BPE tokenizer named by `spec.tokenizer` (see `CorpusSpec`).
+
+    A local folder that does not exist is filled with OpenAI's GPT-2 files when downloads are on
+    (what `python -m longctx.data prepare --config X` does for `tokenizer: ../shared/data/gpt2`).
+    """
     source = spec.tokenizer
     path = Path(source).expanduser()
     if path.is_dir():
@@ -367,22 +378,10 @@ def load_tokenizer(spec: CorpusSpec) -> Tokenizer:
                 f"tokenizer folder {path} has no vocab.json + merges.txt (or encoder.json + vocab.bpe)"
             )
         return gpt2_tokenizer_from_files(*files)
-    if source == "gpt2":
-        folder = spec.root / "gpt2"
-        if (files := gpt2_files(folder)) is None:
-            if not spec.download:
-                raise DataError(
-                    f"GPT-2 tokenizer files (encoder.json, vocab.bpe) are not in {folder} and downloads "
-                    f"are off; copy them there from {GPT2_BASE}, or point data.tokenizer at a folder "
-                    "with vocab.json and merges.txt"
-                )
-            base = spec.url(GPT2_BASE, "gpt2")
-            for name, checksum in GPT2_FILES.items():
-                fetch(f"{base}/{name}", folder / name, checksum=checksum, what=f"gpt2 {name}")
-            files = gpt2_files(folder)
-        for file, checksum in zip(files, GPT2_FILES.values(), strict=True):
-            verify(file, checksum, what="GPT-2 tokenizer")
-        return gpt2_tokenizer_from_files(*files)
+    if source == "gpt2" or is_local_path(source):
+        return gpt2_tokenizer_from_files(
+            *ensure_gpt2_files(spec, spec.root / "gpt2" if source == "gpt2" else path)
+        )
     try:
         from transformers import AutoTokenizer
 
@@ -392,6 +391,26 @@ def load_tokenizer(spec: CorpusSpec) -> Tokenizer:
             f"cannot load tokenizer {source!r} ({err}); offline, point data.tokenizer at a folder with "
             "vocab.json and merges.txt"
         ) from err
+
+
+def ensure_gpt2_files(spec: CorpusSpec, folder: Path) -> tuple[Path, Path]:
+    """OpenAI's GPT-2 `encoder.json` + `vocab.bpe` in `folder`, fetched if missing and allowed; both
+    checked against their pinned sha256."""
+    if (files := gpt2_files(folder)) is None:
+        if not spec.download:
+            raise DataError(
+                f"GPT-2 tokenizer files (encoder.json, vocab.bpe) are not in {folder} and downloads are "
+                "off. Fetch them with `python -m longctx.data prepare --config <your config>` where there "
+                f"is network access, or copy them there from {GPT2_BASE}, or point data.tokenizer at a "
+                "folder with vocab.json and merges.txt"
+            )
+        base = spec.url(GPT2_BASE, "gpt2")
+        for name, checksum in GPT2_FILES.items():
+            fetch(f"{base}/{name}", folder / name, checksum=checksum, what=f"gpt2 {name}")
+        files = gpt2_files(folder)
+    for file, checksum in zip(files, GPT2_FILES.values(), strict=True):
+        verify(file, checksum, what="GPT-2 tokenizer")
+    return files
 
 
 # ---------------------------------------------------------------------------------- tokenizers

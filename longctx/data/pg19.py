@@ -89,9 +89,9 @@ def ensure_split(
         return book_files(folder, max_documents)
     if not download:
         raise DataError(
-            f"pg19: no books for split {split} under {folder} and downloads are off. Put the bucket's "
-            f"`{folder_name}/*.txt` files (gs://deepmind-gutenberg/{folder_name}/) there, or set "
-            "data.download: true where there is network access"
+            f"pg19: no books for split {split} under {folder} and downloads are off. Fetch them with "
+            "`python -m longctx.data prepare --config <your config>` where there is network access, or "
+            f"put the bucket's `{folder_name}/*.txt` files (gs://deepmind-gutenberg/{folder_name}/) there"
         )
     books = list_bucket(folder_name, listing_url)
     if not books:
