@@ -22,6 +22,7 @@ from longctx.convert import ConvertError, convert, main, vocab_path_for
 from longctx.data.tokenize import WordVocab
 from longctx.methods.adaptive_span.convert import vocabulary_from_files, vocabulary_from_ids
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.transformer_xl.convert import read_hf_vocab
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.safe_unpickle import UnsafePickleError, load_pickle, load_torch_pickle
 
@@ -267,6 +268,17 @@ def test_transformer_xl_hf_cluster_rows_are_reversed(xl_ckpts):
     ours = torch.load(xl_ckpts[("transfo-xl-hf", "div1")], weights_only=True)["state_dict"]
     torch.testing.assert_close(ours["net.crit.cluster_weight"], theirs["crit.cluster_weight"].flip(0))
     torch.testing.assert_close(ours["net.crit.cluster_bias"], theirs["crit.cluster_bias"].flip(0))
+
+
+def test_hf_vocab_saved_with_legacy_torch_save_is_read(tmp_path):
+    """Older hub files (transfo-xl-wt103's vocab.pkl) are a legacy torch.save of the dict."""
+    path = tmp_path / "vocab.pkl"
+    torch.save(
+        {"idx2sym": ["<eos>", "a", "<unk>"], "lower_case": False}, path, _use_new_zipfile_serialization=False
+    )
+    assert read_hf_vocab(path, 3) == ["<eos>", "a", "<unk>"]
+    with pytest.raises(ConvertError, match="the vocabulary has 3 symbols, the checkpoint 4 rows"):
+        read_hf_vocab(path, 4)
 
 
 def test_kimiyoung_pickle_is_read_without_their_classes(tmp_path):

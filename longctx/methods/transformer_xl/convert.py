@@ -211,6 +211,8 @@ def read_hf_vocab(path: Path, size: int) -> list[str]:
     if not path.is_file():
         raise ConvertError(f"{path} is missing: give the tokenizer's vocab.pkl with --vocab")
     state = load_pickle(path, HF_VOCAB_CLASSES)
+    if isinstance(state, int):  # the magic number of a legacy torch.save (the hub's older vocab.pkl)
+        state = load_torch_pickle(path, HF_VOCAB_CLASSES)
     if not isinstance(state, dict) or "idx2sym" not in state:
         raise ConvertError(f"{path}: not a TransfoXLTokenizer vocabulary (no idx2sym)")
     if state.get("lower_case"):
