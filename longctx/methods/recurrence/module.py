@@ -56,6 +56,7 @@ def build_lm(
     impl = RECURRENCE_IMPLEMENTATIONS[attn_implementation]
     if pretrained is not None:
         lm = AutoModelForCausalLM.from_pretrained(pretrained, attn_implementation=impl)
+        lm.train()  # from_pretrained returns eval mode, which Lightning keeps at fit: dropout would be off
         if lm.config.vocab_size < vocab_size:
             raise ValueError(
                 f"the pretrained model {pretrained!r} has {lm.config.vocab_size} tokens, fewer than the "
