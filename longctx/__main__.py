@@ -1,5 +1,6 @@
 """`python -m longctx fit|validate|test --config configs/X.yaml`; `python -m longctx convert ...` turns a
-released checkpoint into a longctx one (`longctx.convert`)."""
+released checkpoint into a longctx one (`longctx.convert`); `python -m longctx report RUN_DIR...` tables
+and plots finished runs (`longctx.report`)."""
 
 import sys
 
@@ -8,6 +9,10 @@ if __name__ == "__main__":
         from longctx.convert import main as convert_main
 
         convert_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["report"]:
+        from longctx.report import main as report_main
+
+        report_main(sys.argv[2:])
     else:
         from longctx.cli import main
 

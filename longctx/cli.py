@@ -45,7 +45,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from longctx.callbacks import CheckpointOnSigterm, ProgressLog
+from longctx.callbacks import CheckpointOnSigterm, ProgressLog, RunRecord, recorded
 from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
@@ -183,7 +183,7 @@ class LongCtxCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("trainer_class", LongCtxTrainer)
         # Appended to the config's trainer.callbacks (LightningCLI._instantiate_trainer).
-        kwargs.setdefault("trainer_defaults", {"callbacks": [CheckpointOnSigterm()]})
+        kwargs.setdefault("trainer_defaults", {"callbacks": [CheckpointOnSigterm(), RunRecord()]})
         super().__init__(LMBase, LMDataModule, *args, subclass_mode_model=True, **kwargs)
 
     @staticmethod
@@ -191,6 +191,10 @@ class LongCtxCLI(LightningCLI):
         """fit, validate, test and evaluate_overlaps (`predict` is not offered: see the module doc)."""
         commands = {name: args for name, args in LightningCLI.subcommands().items() if name != "predict"}
         return {**commands, "evaluate_overlaps": {"model", "datamodule"}}
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        with recorded(self.trainer, subcommand):  # summary.json in the run directory, whatever happens
+            super()._run_subcommand(subcommand)
 
     def _parse_ckpt_path(self) -> None:
         """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters

@@ -34,6 +34,7 @@ def tiny_fit_args(tmp_path: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_fit_into_a_file_prints_progress_lines_and_a_closing_summary(tmp_path, capsys):
     # capsys's stdout is not a terminal, as a SLURM log is not; the bar is on in the config.
     main(tiny_fit_args(tmp_path, "--progress.every_n_steps", "2", "--trainer.enable_progress_bar", "true"))
@@ -57,6 +58,7 @@ def test_a_fit_into_a_file_prints_progress_lines_and_a_closing_summary(tmp_path,
     assert Path(best[4]).resolve() == run_dir
 
 
+@pytest.mark.slow
 def test_progress_lines_can_be_switched_off(tmp_path, capsys):
     main(tiny_fit_args(tmp_path, "--progress.enabled", "false", "--trainer.enable_progress_bar", "false"))
     out = capsys.readouterr().out

@@ -83,10 +83,15 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(tmp_path):
         "step 4/12",
     ]
     assert "fit stopped (SIGTERMException) at step 5" in log, log
+    summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["global_step"]) == ("interrupted", 5)
 
     resumed, log = _fit(tmp_path, "run", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "fit finished at step 12" in log, log
+    summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
+    # Training tokens count on through the checkpoint: 12 steps of 4 rows × 32 targets.
+    assert (summary["status"], summary["train_tokens"]) == ("finished", 12 * 4 * 32)
 
     straight, _ = _fit(tmp_path, "straight")
     assert straight.returncode == 0, straight.stderr[-3000:]

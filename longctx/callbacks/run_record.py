@@ -1,0 +1,206 @@
+"""The run's own record in its run directory: `summary.json` and `metrics.jsonl` (no W&B needed).
+
+`python -m longctx report` builds its table and figures from these files, and the sweep runner skips
+a line whose run directory's `summary.json` says `"status": "finished"`.
+
+- `metrics.jsonl`: one line per validation during `fit`: `step` (global step), `train_tokens`
+  (training tokens seen so far, all ranks) and every `val/*` metric; the validation curve.
+- `summary.json`, written (atomically) when a subcommand ends:
+  `status` ("finished" | "failed" | "interrupted": SIGTERM or Ctrl-C), `subcommand`, `method` (class
+  path), `parameters`, `metrics` (every `val/*` and `test/*`: loss, bpc/ppl, word_ppl, bpb,
+  flops_per_token, ...), `train_tokens`, `train_tokens_per_s` (training time only, validation left
+  out), `peak_memory_bytes` with `peak_memory_kind` (`cuda_max_allocated` on a GPU, else the
+  process's `peak_rss`), `wall_time_s`, `global_step`, `error` (one line, or null), and `time`.
+  A later subcommand in the same directory (e.g. `test` after `fit`) keeps the earlier metrics it
+  does not recompute and the training figures when it did not train; `status` and `subcommand` are
+  always the latest's.
+
+Training tokens are the scored targets of this rank's batches times the world size (every rank
+reads batches of one shape); they are kept in checkpoints, so a resumed run keeps counting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from longctx.callbacks.progress import scored_tokens
+
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+EVAL_PREFIXES = ("val/", "test/")
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` as JSON through a temporary file and `os.replace`: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def eval_metrics(trainer: pl.Trainer) -> dict[str, float]:
+    """Every scalar `val/*` and `test/*` metric the trainer holds."""
+    return {
+        name: float(value)
+        for name, value in trainer.callback_metrics.items()
+        if name.startswith(EVAL_PREFIXES) and (not isinstance(value, torch.Tensor) or value.numel() == 1)
+    }
+
+
+def peak_memory(trainer: pl.Trainer) -> tuple[int, str]:
+    """(bytes, kind): CUDA's max allocated on this rank's GPU, else this process's peak RSS."""
+    device = trainer.strategy.root_device
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (rss if sys.platform == "darwin" else rss * 1024), "peak_rss"  # Linux reports KiB
+
+
+class RunRecord(pl.Callback):
+    """Counts training tokens and time, appends `metrics.jsonl`, and writes `summary.json`
+    (`finish`, called by the CLI when the subcommand ends: see `recorded`)."""
+
+    def __init__(self) -> None:
+        self.train_tokens = 0.0  # all ranks, this run and the runs it resumed from
+        self.train_seconds = 0.0
+        self._pending: torch.Tensor | None = None  # this rank's tokens since the last sync (on device)
+        self._mark: float | None = None
+        self.exception: BaseException | None = None
+
+    # ------------------------------------------------------------------ checkpoint state
+    def state_dict(self) -> dict[str, float]:
+        return {"train_tokens": self.tokens_seen(), "train_seconds": self.train_seconds}
+
+    def load_state_dict(self, state_dict: dict[str, float]) -> None:
+        self.train_tokens = float(state_dict["train_tokens"])
+        self.train_seconds = float(state_dict["train_seconds"])
+        self._pending = None
+
+    def tokens_seen(self) -> float:
+        if self._pending is not None:
+            self.train_tokens += float(self._pending) * self._world_size
+            self._pending = None
+        return self.train_tokens
+
+    # ------------------------------------------------------------------ training
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._world_size = trainer.world_size
+        self.exception = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._mark = time.perf_counter()
+        if trainer.is_global_zero:  # a resumed run drops the curve past its checkpoint
+            self._keep_metric_lines(Path(trainer.default_root_dir) / METRICS, trainer.global_step)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if (tokens := scored_tokens(batch)) is not None:
+            self._pending = tokens.detach() if self._pending is None else self._pending + tokens.detach()
+        now = time.perf_counter()
+        self.train_seconds += now - self._mark
+        self._mark = now
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
+            return
+        self._mark = time.perf_counter()  # validation time is not training time
+        line = {"step": trainer.global_step, "train_tokens": self.tokens_seen()}
+        line.update({k: v for k, v in eval_metrics(trainer).items() if k.startswith("val/")})
+        if trainer.is_global_zero:
+            path = Path(trainer.default_root_dir) / METRICS
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.exception = exception  # Lightning re-raises Ctrl-C as SystemExit(1): keep the original
+
+    @staticmethod
+    def _keep_metric_lines(path: Path, last_step: int) -> None:
+        if not path.exists():
+            return
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line)["step"] <= last_step]
+        if kept != lines:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+
+    # ------------------------------------------------------------------ summary
+    def finish(
+        self, trainer: pl.Trainer, subcommand: str, error: BaseException | None, wall_time_s: float
+    ) -> None:
+        """Write `summary.json` for a subcommand that ended (with `error` None when it finished)."""
+        tokens = self.tokens_seen()  # every rank: no collective inside, but keep ranks alike
+        if not trainer.is_global_zero:
+            return
+        cause = self.exception or error
+        if error is None:
+            status = "finished"
+        elif isinstance(cause, (SIGTERMException, KeyboardInterrupt)):
+            status = "interrupted"
+        else:
+            status = "failed"
+        model = trainer.lightning_module
+        memory, memory_kind = peak_memory(trainer)
+        current: dict[str, Any] = {
+            "status": status,
+            "subcommand": subcommand,
+            "error": None if cause is None else f"{type(cause).__name__}: {cause}".splitlines()[0],
+            "method": None if model is None else f"{type(model).__module__}.{type(model).__qualname__}",
+            "parameters": None if model is None else sum(p.numel() for p in model.parameters()),
+            "global_step": trainer.global_step,
+            "peak_memory_bytes": memory,
+            "peak_memory_kind": memory_kind,
+            "wall_time_s": wall_time_s,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if tokens > 0:
+            current["train_tokens"] = tokens
+            current["train_tokens_per_s"] = tokens / self.train_seconds if self.train_seconds > 0 else None
+        path = Path(trainer.default_root_dir) / SUMMARY
+        previous = json.loads(path.read_text()) if path.exists() else {}
+        summary = {**previous, **current, "metrics": {**previous.get("metrics", {}), **eval_metrics(trainer)}}
+        write_json_atomic(path, summary)
+
+
+@contextmanager
+def recorded(trainer: pl.Trainer, subcommand: str) -> Iterator[None]:
+    """Run a subcommand and write its `summary.json` whatever happens (the trainer's `RunRecord`)."""
+    record = next((cb for cb in trainer.callbacks if isinstance(cb, RunRecord)), None)
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException as error:
+        if record is not None:
+            try:
+                record.finish(trainer, subcommand, error, time.perf_counter() - start)
+            except Exception as write_error:  # never hide the run's own error behind this one
+                print(f"longctx: could not write {SUMMARY}: {write_error}", file=sys.stderr)
+        raise
+    if record is not None:
+        record.finish(trainer, subcommand, None, time.perf_counter() - start)
