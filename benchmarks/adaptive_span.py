@@ -15,8 +15,9 @@ reports its median step time, so that a machine whose load changes during the ru
 slows every variant alike. Memory: every configuration runs alone in its own process, so that its
 peak resident memory (VmHWM minus the resident memory before the first step) is its own.
 
-Then the FLOPs per token (the paper's #FLOPS, `longctx.methods.adaptive_span.flops`) of the paper's
-models against its Tables 1-2.
+Then the cost per token of the paper's models against its Tables 1-2: the paper's #FLOPS counts
+multiply-accumulates (`macs_per_token`); longctx logs FLOPs = 2 × MACs (`flops_per_token`,
+`longctx.flops`). Both are printed.
 
     python benchmarks/adaptive_span.py                       # S = 512, 2048, 8192 (CPU: ~5 min)
     python benchmarks/adaptive_span.py --spans 512 --steps 2 # quick
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from longctx.methods.adaptive_span.flops import flops_per_token, parameter_count
+from longctx.methods.adaptive_span.flops import flops_per_token, macs_per_token, parameter_count
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.optim.adagrad import ClippedAdagrad
 
@@ -180,13 +181,14 @@ def paper_flops() -> list[dict]:
     ]
     out = []
     for name, sizes, vocab, span, params, flops in rows:
-        ours = flops_per_token(vocab_size=vocab, spans=span, **sizes)
+        ours = macs_per_token(vocab_size=vocab, spans=span, **sizes)
         out.append(
             {
                 "model": name,
                 "params": parameter_count(vocab_size=vocab, attn_span=8192, n_heads=8, **sizes),
                 "paper_params": params,
-                "flops": ours,
+                "macs": ours,
+                "flops": flops_per_token(vocab_size=vocab, spans=span, **sizes),
                 "paper_flops": flops,
             }
         )
@@ -245,14 +247,15 @@ def main() -> None:
     print("\nspeed-up = tokens/s ÷ fixed's at the same S; mem ratio = fixed's peak ÷ this peak;")
     print("FLOPs ratio = fixed's FLOPs/token ÷ this one (counted over the attended, trimmed positions).\n")
 
-    print("FLOPs per token of the paper's models (multiply-accumulates, methods/adaptive_span/flops.py):")
-    print(f"{'model':>40} {'params':>8} {'paper':>6} {'MFLOPs':>8} {'paper':>6}")
+    print("Cost per token of the paper's models (methods/adaptive_span/flops.py): multiply-accumulates,")
+    print("the paper's #FLOPS convention, and FLOPs = 2 × MACs, longctx's convention (longctx/flops.py):")
+    print(f"{'model':>40} {'params':>8} {'paper':>6} {'MMACs':>8} {'paper':>6} {'MFLOPs':>8}")
     paper = paper_flops()
     for row in paper:
         paper_flops_str = f"{row['paper_flops'] / 1e6:.0f}M" if row["paper_flops"] else "-"
         print(
             f"{row['model']:>40} {row['params'] / 1e6:>7.1f}M {row['paper_params'] / 1e6:>5.0f}M "
-            f"{row['flops'] / 1e6:>8.1f} {paper_flops_str:>6}"
+            f"{row['macs'] / 1e6:>8.1f} {paper_flops_str:>6} {row['flops'] / 1e6:>8.1f}"
         )
     if args.json:
         args.json.write_text(json.dumps({"runs": results, "paper_flops": paper}, indent=1))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from longctx.methods.adaptive_span.attention import SpanAttention, band_attention, key_windows
-from longctx.methods.adaptive_span.flops import flops_per_token, parameter_count
+from longctx.methods.adaptive_span.flops import flops_per_token, macs_per_token, parameter_count
 from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, attended_length
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer
@@ -281,36 +281,51 @@ def test_clipped_adagrad_matches_the_code_update():
 
 
 # ---------------------------------------------------------------------------------- FLOPs
-def test_flops_per_token_matches_the_paper_small_model():
+def test_macs_per_token_matches_the_paper_small_model():
     # Paper Table 1 (text8, small: 12 layers, d=512, inner 2048, 38M parameters): 42M FLOPS at an
-    # average span of 314. Our count (3 multiply-adds per head dimension and attended position:
-    # content, position, values) gives 43.6M, within 5%.
-    flops = flops_per_token(d_model=512, n_layers=12, d_inner=2048, vocab_size=27, spans=314)
+    # average span of 314, counted in multiply-accumulates. Our count (3 multiply-adds per head
+    # dimension and attended position: content, position, values) gives 43.6M, within 5%.
+    flops = macs_per_token(d_model=512, n_layers=12, d_inner=2048, vocab_size=27, spans=314)
     assert abs(flops / 42e6 - 1) < 0.05
     assert abs(parameter_count(512, 12, 2048, 27, 8192, 8) / 38e6 - 1) < 0.02
     assert abs(parameter_count(768, 24, 4096, 206, 8192, 8) / 209e6 - 1) < 0.01  # large: 209M
     # A fixed span of 8192 costs 4.3x the adaptive model: the attention term dominates.
-    assert flops_per_token(512, 12, 2048, 27, 8192) / flops > 4
+    assert macs_per_token(512, 12, 2048, 27, 8192) / flops > 4
+    # The project's convention (longctx.flops): 2 FLOPs per multiply-accumulate.
+    assert flops_per_token(512, 12, 2048, 27, 314) == 2 * flops
 
 
-def test_flops_count_matches_the_model_parameters_and_trimming():
+def test_macs_count_matches_the_model_parameters_and_trimming():
     model = net("adaptive", S=512, R=32, n_layers=2)
     weights = (
         sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers") and p.dim() == 2)
         + model.out_emb.weight.numel()
     )
     # with span 0 and no ramp only the weight matrices count: one multiply-add per weight
-    assert flops_per_token(16, 2, 32, 20, 0.0) == weights
+    assert macs_per_token(16, 2, 32, 20, 0.0) == weights
     # per layer: 3·d·span, mean over heads (mask) or the trimmed attended length of the layer
-    base = flops_per_token(16, 2, 32, 20, 0.0)
+    base = macs_per_token(16, 2, 32, 20, 0.0)
     spans = [[10.0, 100.0], [0.0, 0.0]]
-    assert flops_per_token(16, 2, 32, 20, spans, span_ramp=32, attn_span=512) == base + 3 * 16 * (
+    assert macs_per_token(16, 2, 32, 20, spans, span_ramp=32, attn_span=512) == base + 3 * 16 * (
         (42 + 132) / 2 + 32
     )
     set_spans(model, [10 / 512, 100 / 512])
     with torch.no_grad():
         model.layers[1].attn.adaptive_mask.z_ratio.zero_()
     out = model(torch.randint(0, 20, (1, 8)), model.init_cache(1))
-    trimmed = flops_per_token(16, 2, 32, 20, spans, span_ramp=32, attn_span=512, attended="trimmed")
+    trimmed = macs_per_token(16, 2, 32, 20, spans, span_ramp=32, attn_span=512, attended="trimmed")
     assert trimmed == base + 3 * 16 * sum(out.attended)
     assert out.attended == [192, 64]
+
+
+def test_flops_per_token_per_head_with_the_cache_reprojection_by_hand():
+    # d=16, 2 layers, inner 32, V=20, S=512, R=32, blocks of 8 tokens. Per layer 4·16² + 2·16·32 = 2048
+    # weight MACs. Layer 0, spans 10 and 100: heads attend 42 and 132 positions (3·16·87 = 4176); its
+    # trimmed length is 192 (132 rounded up to 64s of 512) re-projected every block: 2·16²·192/8 = 12288.
+    # Layer 1, spans 0: 32 positions each (3·16·32 = 1536), trimmed length 64: 2·16²·64/8 = 4096.
+    # Output 16·20 = 320.
+    macs = (2048 + 4176 + 12288) + (2048 + 1536 + 4096) + 320
+    spans = [[10.0, 100.0], [0.0, 0.0]]
+    args = (16, 2, 32, 20, spans)
+    assert macs_per_token(*args, span_ramp=32, attn_span=512, block=8) == macs
+    assert flops_per_token(*args, span_ramp=32, attn_span=512, block=8) == 2 * macs

@@ -239,6 +239,18 @@ def test_dynamic_span_figure_uses_the_last_training_spans(tmp_path):
     assert (tmp_path / SPAN_FIGURE).is_file()
 
 
+def test_validation_logs_the_forward_flops_per_token_of_the_current_spans(tmp_path):
+    model = tiny()
+    set_spans(model, [[0.1, 0.3], [0.5, 0.9]])
+    data = SyntheticData(n_tokens=401, batch_size=3, seq_len=16)
+    metrics = cpu_trainer(tmp_path).validate(model, datamodule=data, verbose=False)[0]
+    # d=16, inner 32, V=64, S=64, R=8, blocks of 16. z = 6.4, 19.2 | 32, 57.6; attended z + R capped
+    # at S: 14.4, 27.2 | 40, 64. Per layer: 2048 weight MACs, 3·16·(mean head span), and the cache
+    # (trimmed length 64 for both layers) projected again every block: 2·16²·64/16 = 2048. Output 16·64.
+    macs = (2048 + 3 * 16 * (14.4 + 27.2) / 2 + 2048) + (2048 + 3 * 16 * (40 + 64) / 2 + 2048) + 16 * 64
+    assert float(metrics["val/flops_per_token"]) == pytest.approx(2 * macs, rel=1e-6)
+
+
 # ---------------------------------------------------------------------------------- memory
 def test_training_carries_the_cache_across_batches(tmp_path):
     model, record = tiny(), Record()

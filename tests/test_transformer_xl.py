@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
+from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs
 from longctx.methods.transformer_xl.memory import XLMemory, reset_memory_rows
 from longctx.methods.transformer_xl.module import TransformerXLLM, drop_last_scored
 from longctx.methods.transformer_xl.network import TransformerXL
@@ -298,6 +299,32 @@ def test_trams_protocol_starts_from_attended_zero_memory_and_xl_from_empty():
         tiny(trams_attended=8)
     with pytest.raises(ValueError, match="cannot exceed"):
         tiny(trams_attended=20, trams_kept=4)
+
+
+def test_xl_macs_per_token_by_hand():
+    # 2 layers, d=16, 2 heads of 8 (HD=16), inner 32, V=64, segments of n=16 and P=16 memory slots.
+    # Per layer: q, k, v 3·16·16 = 768; positions of the W = 32 keys projected per segment 16·16·32/16
+    # = 512; (q+u)·k, (q+v)·r, probs·v 3·16·32 = 1536; output projection 256; feed-forward 2·16·32 =
+    # 1024. Softmax 16·64. Without the key/value cache the memory is projected again: 2·16·16·16/16.
+    sizes = dict(n_layers=2, d_model=16, n_heads=2, d_head=8, d_inner=32, vocab_size=64, segment_length=16)
+    per_layer = 768 + 512 + 1536 + 256 + 1024
+    assert xl_macs(**sizes, memory_length=16, cache_kv=True) == 2 * per_layer + 16 * 64
+    assert xl_macs(**sizes, memory_length=16) == 2 * (per_layer + 512) + 16 * 64
+    # Adaptive softmax, cutoffs 20/40: the head (20 words + 2 clusters) and both tails, full log-prob.
+    assert xl_macs(**sizes, memory_length=0, cutoffs=[20, 40]) - xl_macs(**sizes, memory_length=0) == 16 * 2
+
+
+def test_evaluation_logs_the_forward_flops_per_scored_token(tmp_path):
+    data = SyntheticData(n_tokens=401, batch_size=3, seq_len=16, eval_batch_size=2)
+    xl = cpu_trainer(tmp_path).validate(tiny(), datamodule=data, verbose=False)[0]
+    per_layer = 768 + 512 + 1536 + 256 + 1024  # see test_xl_macs_per_token_by_hand (P = mem_len 16)
+    assert float(xl["val/flops_per_token"]) == 2 * (2 * per_layer + 16 * 64)
+    trams = tiny(eval_mem_len=32, trams_attended=16, trams_kept=8, protocol="trams")
+    logged = cpu_trainer(tmp_path).validate(trams, datamodule=data, verbose=False)[0]["val/flops_per_token"]
+    per_layer = (
+        768 + 512 + 1536 + 240 + 256 + 1024
+    )  # see tests/test_trams.py: test_trams_macs_per_token_by_hand
+    assert float(logged) == pytest.approx(2 * (2 * per_layer + 16 * 64) * 16 / 15, rel=1e-6)
 
 
 def test_trams_protocol_leaves_out_the_last_real_target_of_each_row():

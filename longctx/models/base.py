@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import lightning.pytorch as pl
 import torch
@@ -33,7 +33,10 @@ from torchmetrics import SumMetric
 
 from longctx.models import rng_state
 
-Memory = Any
+# A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
+# tensors, None), e.g. `SpanCache`, `XLMemory`, `RecurrenceMemory`, or None for a model without
+# memory. It is a pytree: `detach_memory` maps over it, whatever its fields.
+Memory: TypeAlias = tuple | None
 STAGES = ("train", "val", "test")
 RNG_KEY = "rng_state"
 # Constructor arguments that are callables: not checkpoint-safe (`torch.load(weights_only=True)`
@@ -93,6 +96,7 @@ class LMBase(pl.LightningModule):
         self._token_bytes: tuple[Tensor, Tensor] | None = None  # data module's (V,) table, on device
         self._batch_start_time: float | None = None
         self._eval_batches: dict[str, int] = {"val": 0, "test": 0}
+        self._eval_length: dict[str, int] = {}  # segment length n (window T) of each stage's batches
 
     def save_hyperparameters(
         self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None, logger: bool = True
@@ -117,6 +121,12 @@ class LMBase(pl.LightningModule):
             f"{type(self).__name__} cannot reset the memory of single rows, so it cannot train on a "
             "document-aware corpus (pg19) in segment mode; use a contiguous corpus"
         )
+
+    def flops_per_token(self, segment_length: int) -> float | None:
+        """Forward FLOPs per scored token at evaluation, in `longctx.flops`'s convention (2 × MACs),
+        for batches of segment (window) length `segment_length`; logged as `{val,test}/flops_per_token`.
+        None: not counted."""
+        return None
 
     def optimizer_param_groups(self) -> list[dict[str, Any]] | Any:
         """Parameters (or parameter groups) handed to the optimizer factory."""
@@ -204,6 +214,7 @@ class LMBase(pl.LightningModule):
         if (n_bytes := self._scored_bytes(batch["target"], mask)) is not None:
             self.byte_sum[stage].update(n_bytes.double())
         self._eval_batches[stage] += 1
+        self._eval_length[stage] = batch["input"].shape[-1]
         self._log_step_logs(stage, out.logs)
 
     # ------------------------------------------------------------------ metrics and logging
@@ -250,6 +261,9 @@ class LMBase(pl.LightningModule):
         self.log(f"{stage}/loss", mean_nll, prog_bar=True, sync_dist=False)
         self.log(f"{stage}/tokens", tokens.float(), sync_dist=False)
         self._log_unit_metric(stage, mean_nll, sync_dist=False)
+        length = self._eval_length.get(stage)
+        if length is not None and (flops := self.flops_per_token(length)) is not None:
+            self.log(f"{stage}/flops_per_token", float(flops), sync_dist=False)
         if n_bytes > 0:
             self.log(f"{stage}/bpb", (nll / math.log(2) / n_bytes).float(), sync_dist=False)
         words = self._word_count(stage)

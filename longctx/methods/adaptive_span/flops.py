@@ -1,19 +1,25 @@
-"""FLOPs per predicted token of the sequential transformer (Sukhbaatar et al. 2019, Tables 1-2).
+"""Forward cost per predicted token of the sequential transformer (Sukhbaatar et al. 2019, Tables 1-2).
 
-The paper's "#FLOPS" column counts the cost of one step prediction in multiply-accumulates: a model
-whose cost is dominated by its weight matrices has about as many FLOPS as parameters (the small
-model: 38M parameters, 42M FLOPS). We count, per token and per layer,
+The paper's "#FLOPS" column counts the cost of one step prediction in multiply-accumulates (MACs): a
+model whose cost is dominated by its weight matrices has about as many FLOPS as parameters (the small
+model: 38M parameters, 42M FLOPS). `macs_per_token` is that count; `flops_per_token` is the project's
+convention (`longctx.flops`: FLOPs = 2 × MACs), what the module logs as `{val,test}/flops_per_token`.
+Per token and per layer:
 
-    projections  4·d²           (Q, K, V, O; bias-free)
+    projections  4·d²                (Q, K, V, O; bias-free)
     feed-forward 2·d·d_inner
-    attention    3·d·span       (content q·k, position q·p and the weighted sum of values, each
-                                 head_dim multiply-adds per attended position and head; summed over
-                                 heads this is 3·d·mean head span)
+    attention    3·Dh·Σ_h span_h     (content q·k, position q·p and the weighted sum of values: Dh
+                                      multiply-adds per attended position, for each head h over its
+                                      own span; = 3·d·mean head span)
 
-plus the output projection d·V. The span of a layer is the number of previous positions it attends:
-S for a fixed span, the learned span z (+ ramp R where the mask is non-zero) for an adaptive span. With
-`attended="trimmed"` the span is what the implementation really computes: the layer's largest span
-plus the ramp rounded up to a multiple of 64 (`attended_length`), shared by all heads of the layer.
+plus the output projection d·V. Per head, the span is the number of previous positions with a
+non-zero mask: z + R (at most S) for a learned span, S for a fixed span. With `attended="trimmed"` it
+is what the per-layer trimming computes: the layer's largest span plus R rounded up to a multiple of
+64 (`attended_length`), shared by all heads of the layer.
+
+`block` (the block length M) adds what the released code and longctx also compute: every block
+projects the keys and values of the L cached states again (2·d²·L/M per token, L the layer's
+trimmed attended length). The paper's count leaves it out (`block=None`).
 """
 
 from __future__ import annotations
@@ -21,30 +27,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from longctx.flops import flops_from_macs
 from longctx.methods.adaptive_span.mask import attended_length
 
+Spans = float | Sequence[float] | Sequence[Sequence[float]]
 
-def flops_per_token(
+
+def macs_per_token(
     d_model: int,
     n_layers: int,
     d_inner: int,
     vocab_size: int,
-    spans: float | Sequence[float] | Sequence[Sequence[float]],
+    spans: Spans,
     span_ramp: int = 0,
     attn_span: int | None = None,
     attended: Literal["mask", "trimmed"] = "mask",
+    block: int | None = None,
 ) -> float:
     """Multiply-accumulates to predict one token (forward pass), the paper's #FLOPS.
 
     Args:
         d_model, n_layers, d_inner, vocab_size: model sizes.
         spans: one span for every head of every layer (a number), one per layer, or one list of head
-            spans per layer.
+            spans per layer (the learned z, or S for a fixed span).
         span_ramp: R; `attended="mask"` adds it to each span (positions where the mask is non-zero),
             capped at `attn_span`.
         attn_span: S, the cap of every span (required for `attended="trimmed"`).
-        attended: "mask" counts the positions with a non-zero mask per head; "trimmed" counts what the
-            implementation computes (largest span of the layer + R, rounded up to 64, for all heads).
+        attended: "mask" counts each head's positions with a non-zero mask; "trimmed" counts what the
+            per-layer trimming computes (largest span of the layer + R, rounded up to 64, all heads).
+        block: the block length M, to count the re-projection of the cached keys and values every
+            block; None: the paper's count, without it.
     """
     per_layer = _per_layer_spans(spans, n_layers)
     if attended == "trimmed" and attn_span is None:
@@ -52,14 +64,26 @@ def flops_per_token(
     total = 0.0
     for heads in per_layer:
         if attended == "trimmed":
-            span = attended_length(max(heads), attn_span, span_ramp)
+            head_spans = [attended_length(max(heads), attn_span, span_ramp)] * len(heads)
         else:
-            spans_with_ramp = [h + span_ramp for h in heads]
+            head_spans = [h + span_ramp for h in heads]
             if attn_span is not None:
-                spans_with_ramp = [min(s, attn_span) for s in spans_with_ramp]
-            span = sum(spans_with_ramp) / len(spans_with_ramp)
-        total += 4 * d_model**2 + 2 * d_model * d_inner + 3 * d_model * span
+                head_spans = [min(s, attn_span) for s in head_spans]
+        # Σ_h Dh·span_h with Dh = d / H: d times the mean head span.
+        total += 4 * d_model**2 + 2 * d_model * d_inner + 3 * d_model * sum(head_spans) / len(head_spans)
+        if block is not None:  # the layer projects its L cached states again: L = the trimmed length
+            L = (
+                attended_length(max(heads), attn_span, span_ramp)
+                if attn_span is not None
+                else max(head_spans)
+            )
+            total += 2 * d_model**2 * L / block
     return total + d_model * vocab_size
+
+
+def flops_per_token(*args, **kwargs) -> float:
+    """`macs_per_token` in the project's convention: FLOPs = 2 × MACs (same arguments)."""
+    return flops_from_macs(macs_per_token(*args, **kwargs))
 
 
 def parameter_count(
@@ -71,9 +95,7 @@ def parameter_count(
     return n_layers * per_layer + embeddings
 
 
-def _per_layer_spans(
-    spans: float | Sequence[float] | Sequence[Sequence[float]], n_layers: int
-) -> list[list[float]]:
+def _per_layer_spans(spans: Spans, n_layers: int) -> list[list[float]]:
     if isinstance(spans, (int, float)):
         return [[float(spans)] for _ in range(n_layers)]
     spans = list(spans)

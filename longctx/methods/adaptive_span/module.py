@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from longctx.methods.adaptive_span import flops as span_flops
 from longctx.methods.adaptive_span.attention import SpanKind
 from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
@@ -111,6 +112,8 @@ class AdaptiveSpanLM(LMBase):
         nll = F.cross_entropy(out.logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, M)
         extra_loss = None
         logs: dict[str, Tensor | float] = {}
+        if out.spans:  # per layer (H,): kept on the device for `head_spans` (no sync per step)
+            self._last_spans = [z.detach() for z in out.spans]
         if self.training:
             if out.penalty is not None:
                 extra_loss = self.span_loss * out.penalty
@@ -134,7 +137,6 @@ class AdaptiveSpanLM(LMBase):
         logs: dict[str, Tensor | float] = {"span/attended": sum(out.attended) / len(out.attended)}
         if not out.spans:
             return logs
-        self._last_spans = [z.detach() for z in out.spans]
         z = torch.stack(out.spans).float()  # (n_layers, H)
         S, R = self.hparams.attn_span, self.hparams.span_ramp
         if self.hparams.span == "adaptive":  # the parameter z' itself, as the code reads it
@@ -157,14 +159,24 @@ class AdaptiveSpanLM(LMBase):
         self.net.clamp_spans_()  # the code's clamp_param() after every update
 
     def head_spans(self) -> list[Tensor]:
-        """Per layer the spans of its heads (H,): z for adaptive spans, the last training block's mean
-        z_t for dynamic spans, S for fixed spans."""
+        """Per layer the spans of its heads (H,): z for adaptive spans, the last block's mean z_t for
+        dynamic spans, S for fixed spans."""
         if self.hparams.span == "adaptive":
             return [layer.attn.adaptive_mask.z.detach().float().cpu() for layer in self.net.layers]
         if self.hparams.span == "dynamic" and self._last_spans:
             return [z.float().cpu() for z in self._last_spans]
         n_heads = self.hparams.n_heads
         return [torch.full((n_heads,), float(self.hparams.attn_span)) for _ in self.net.layers]
+
+    def flops_per_token(self, segment_length: int) -> float:
+        """Forward FLOPs per token with each head over its own span (z + R, at most S; `flops.py`),
+        counting the re-projection of the cached states every block of `segment_length` tokens."""
+        h = self.hparams
+        spans = [z.tolist() for z in self.head_spans()]
+        ramp = 0 if h.span == "fixed" else h.span_ramp
+        return span_flops.flops_per_token(
+            h.d_model, h.n_layers, h.d_inner, self.vocab_size, spans, ramp, h.attn_span, block=segment_length
+        )
 
     def configure_callbacks(self) -> list[pl.Callback]:
         """The span figure (paper Figure 4) for every run with learned spans; see `figures.py`."""

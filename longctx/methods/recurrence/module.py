@@ -144,12 +144,12 @@ class RecurrentGPT2LM(LMBase):
             memory = RecurrenceMemory(h_prev)
         else:
             nll, memory = self._baseline_nll(x, batch["target"], use_checkpoint), None
-        logs: dict[str, Tensor | float] = {}
-        if not self.training:
-            logs["flops_per_token"] = hf_model_flops_per_scored_token(
-                self.lm, x.shape[-1], self._eval_overlap()
-            )
-        return StepOutput(nll=nll, memory=memory, logs=logs)
+        return StepOutput(nll=nll, memory=memory)
+
+    def flops_per_token(self, segment_length: int) -> float:
+        """The paper's forward FLOPs per scored token for windows of T = `segment_length` at the
+        evaluation overlap (`flops.py`: Kaplan's count of the GPT-2, without the recurrence's FFN)."""
+        return hf_model_flops_per_scored_token(self.lm, segment_length, self._eval_overlap())
 
     def _baseline_nll(self, x: Tensor, target: Tensor, use_checkpoint: bool) -> Tensor:
         """Independent windows: one forward over (B·K, T), or one checkpointed forward per window."""

@@ -41,6 +41,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.memory import XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
@@ -165,6 +166,28 @@ class TransformerXLLM(LMBase):
     def reset_memory_rows(self, memory: XLMemory, reset: Tensor) -> XLMemory:
         zero_fill = not self.training and self.protocol == "trams"
         return xl_memory.reset_memory_rows(memory, reset, zero_fill=zero_fill)
+
+    # ------------------------------------------------------------------ cost
+    def flops_per_token(self, segment_length: int) -> float:
+        """Forward FLOPs per scored token at evaluation with the full evaluation memory (TRAMS: the
+        pool M, the attended window and the scoring; `flops.py`)."""
+        h, net = self.hparams, self.net
+        return xl_flops.flops_per_token(
+            n_layers=net.n_layers,
+            d_model=net.d_model,
+            n_heads=net.n_heads,
+            d_head=net.d_head,
+            d_inner=h.d_inner,
+            vocab_size=self.vocab_size,
+            segment_length=segment_length,
+            memory_length=self.eval_mem_len,
+            cutoffs=h.cutoffs or (),
+            d_embed=h.d_embed,
+            div_val=h.div_val,
+            cache_kv=self.eval_cache_kv,
+            trams=self.trams,
+            scored_per_segment=segment_length - 1 if self.protocol == "trams" else segment_length,
+        )
 
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: XLMemory) -> StepOutput:
