@@ -45,7 +45,7 @@ def set_spans(model: SpanTransformer, z_ratio: list[float]) -> None:
 
 # ---------------------------------------------------------------------------------- the mask
 def test_mask_values_match_hand_computation():
-    mask = AdaptiveMask(n_heads=3, S=16, R=4, init=0.0)
+    mask = AdaptiveMask(n_heads=3, attn_span=16, span_ramp=4, span_init=0.0)
     with torch.no_grad():
         mask.z_ratio.copy_(torch.tensor([0.0, 0.25, 0.5]))  # z = 0, 4, 8
     # m_z(x) = clamp((R + z - (x - 1)) / R, 0, 1), the code's shift: distance 1 always has mask 1.
@@ -58,7 +58,9 @@ def test_mask_values_match_hand_computation():
 
 def test_gradient_reaches_z_and_matches_finite_differences():
     torch.manual_seed(0)
-    attn = SpanAttention(d_model=8, n_heads=2, S=24, dropout=0.0, span="adaptive", R=6, chunk_size=4).double()
+    attn = SpanAttention(
+        d_model=8, n_heads=2, attn_span=24, dropout=0.0, span="adaptive", span_ramp=6, chunk_size=4
+    ).double()
     with torch.no_grad():
         attn.adaptive_mask.z_ratio.copy_(torch.tensor([0.2, 0.45]))  # inside the ramp
     h, h_cache = torch.randn(2, 10, 8, dtype=torch.double), torch.randn(2, 24, 8, dtype=torch.double)
@@ -75,7 +77,7 @@ def test_gradient_reaches_z_and_matches_finite_differences():
 
 
 def test_clamp_keeps_z_ratio_in_unit_interval():
-    mask = AdaptiveMask(n_heads=3, S=16, R=4)
+    mask = AdaptiveMask(n_heads=3, attn_span=16, span_ramp=4)
     with torch.no_grad():
         mask.z_ratio.copy_(torch.tensor([-0.3, 0.4, 1.7]))
     mask.clamp_()

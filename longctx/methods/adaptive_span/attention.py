@@ -109,10 +109,10 @@ class SpanAttention(nn.Module):
         self,
         d_model: int,
         n_heads: int,
-        S: int,
+        attn_span: int,
         dropout: float,
         span: SpanKind = "adaptive",
-        R: int = 32,
+        span_ramp: int = 32,
         span_init: float = 0.0,
         dynamic_bias_init: float = -4.0,
         chunk_size: int = 64,
@@ -122,16 +122,20 @@ class SpanAttention(nn.Module):
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if span not in ("fixed", "adaptive", "dynamic"):
             raise ValueError(f"span must be 'fixed', 'adaptive' or 'dynamic', got {span!r}")
-        self.n_heads, self.head_dim, self.S, self.span = n_heads, d_model // n_heads, S, span
+        self.n_heads, self.head_dim, self.S, self.span = n_heads, d_model // n_heads, attn_span, span
         self.chunk_size = chunk_size
         self.proj_query = nn.Linear(d_model, d_model, bias=False)
         self.proj_key = nn.Linear(d_model, d_model, bias=False)
         self.proj_val = nn.Linear(d_model, d_model, bias=False)
         self.proj_out = nn.Linear(d_model, d_model, bias=False)
         self.dropout = nn.Dropout(dropout)
-        self.adaptive_mask = AdaptiveMask(n_heads, S, R, span_init) if span == "adaptive" else None
+        self.adaptive_mask = (
+            AdaptiveMask(n_heads, attn_span, span_ramp, span_init) if span == "adaptive" else None
+        )
         self.dynamic_span = (
-            DynamicSpan(d_model, n_heads, S, R, dynamic_bias_init) if span == "dynamic" else None
+            DynamicSpan(d_model, n_heads, attn_span, span_ramp, dynamic_bias_init)
+            if span == "dynamic"
+            else None
         )
 
     def cache_size(self) -> int:

@@ -68,17 +68,17 @@ class AdaptiveMask(nn.Module):
 
     Args:
         n_heads: heads of the layer.
-        S: maximum span (attn_span).
-        R: ramp length (paper: 32).
-        init: initial z' (the code's `adapt_span_init`, 0 by default: heads start at span R).
+        attn_span: S, the maximum span.
+        span_ramp: R, the ramp length (paper: 32).
+        span_init: initial z' (the code's `adapt_span_init`, 0 by default: heads start at span R).
     """
 
-    def __init__(self, n_heads: int, S: int, R: int, init: float = 0.0) -> None:
+    def __init__(self, n_heads: int, attn_span: int, span_ramp: int, span_init: float = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= init <= 1.0:
-            raise ValueError(f"span init z' must be in [0, 1], got {init}")
-        self.S, self.R = S, R
-        self.z_ratio = nn.Parameter(torch.full((n_heads,), float(init)))  # z' (H,)
+        if not 0.0 <= span_init <= 1.0:
+            raise ValueError(f"span init z' must be in [0, 1], got {span_init}")
+        self.S, self.R = attn_span, span_ramp
+        self.z_ratio = nn.Parameter(torch.full((n_heads,), float(span_init)))  # z' (H,)
 
     @property
     def z(self) -> Tensor:
@@ -116,11 +116,13 @@ class DynamicSpan(nn.Module):
     the query position; b starts at -4 (paper), so spans start near S·σ(-4) ≈ 0.018·S.
     """
 
-    def __init__(self, d_model: int, n_heads: int, S: int, R: int, bias_init: float = -4.0) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, attn_span: int, span_ramp: int, dynamic_bias_init: float = -4.0
+    ) -> None:
         super().__init__()
-        self.S, self.R = S, R
+        self.S, self.R = attn_span, span_ramp
         self.proj = nn.Linear(d_model, n_heads)  # v (H, d) and b (H,)
-        nn.init.constant_(self.proj.bias, bias_init)
+        nn.init.constant_(self.proj.bias, dynamic_bias_init)
 
     def forward(self, x: Tensor) -> Tensor:
         """Spans z_t (B, H, M) of the queries x (B, M, d)."""

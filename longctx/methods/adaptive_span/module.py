@@ -2,11 +2,28 @@
 
 One module for the three variants of the paper: `span: adaptive` (§2.2, a learned span per head),
 `span: dynamic` (§2.2, z_t = S·σ(vᵀx_t + b)) and `span: fixed` (the same network without the mask,
-the paper's fixed-span comparison). The memory carried across batches is, per layer, the cache of
-hidden states that entered the layer in earlier blocks (the code's `h_cache`).
+the paper's fixed-span comparison). The memory carried across batches is a `SpanCache`: per layer,
+the hidden states that entered the layer in earlier blocks (the code's `h_cache`).
 
-Training loss = mean NLL + λ·Σ_layers (1/M)·Σ_heads z_i (code: `adapt_span_loss · S · mean(z')` per
-layer, summed over layers; M = heads per layer). z' is clamped to [0, 1] after every optimizer step.
+Training loss = mean NLL + λ·Σ_layers (1/H)·Σ_heads z_i (code: `adapt_span_loss · S · mean(z')` per
+layer, summed over layers). z' is clamped to [0, 1] after every optimizer step.
+
+Notation (the paper's symbols, the released code's names, and longctx's):
+
+| symbol | meaning                                  | paper / released code     | longctx                   |
+|--------|------------------------------------------|---------------------------|---------------------------|
+| S      | maximum span                             | S / `attn_span`           | `attn_span` (inside: `S`) |
+| z, z'  | learned span of a head, z = S·z'         | z / `current_val` (z')    | `z` and `z_ratio` (z')    |
+| z_t    | dynamic span of query t                  | z_t / (not released)      | `DynamicSpan`             |
+| R      | ramp length of the soft mask             | R / `adapt_span_ramp`     | `span_ramp` (inside: `R`) |
+| λ      | weight of the l1 span penalty            | λ / `adapt_span_loss`     | `span_loss`               |
+| H      | heads per layer                          | M (§2.2) / `nb_heads`     | `n_heads`                 |
+| M      | block length (tokens per row and batch)  | - / `block_size`          | `data.tgt_len`            |
+| L      | positions a layer attends after trimming | - / `attn_span - trim_len`| `attended_length()`       |
+| C_l    | cached hidden states of layer l          | - / `get_cache_size()`    | `SpanCache.h_cache[l]`    |
+
+The paper's M (number of heads in the span loss) is written H here, because M in shapes is the block
+length, as in the released code.
 """
 
 from __future__ import annotations

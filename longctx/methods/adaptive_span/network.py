@@ -49,10 +49,10 @@ class SpanBlock(nn.Module):
     """Post-LN block (code: `TransformerSeqLayer`): h = LN(h + Attn(h, [h_cache, h])); h = LN(h + FF(h))."""
 
     def __init__(
-        self, d_model: int, n_heads: int, d_inner: int, S: int, dropout: float, **span_kwargs
+        self, d_model: int, n_heads: int, d_inner: int, attn_span: int, dropout: float, **span_kwargs
     ) -> None:
         super().__init__()
-        self.attn = SpanAttention(d_model, n_heads, S, dropout, **span_kwargs)
+        self.attn = SpanAttention(d_model, n_heads, attn_span, dropout, **span_kwargs)
         self.norm1 = nn.LayerNorm(d_model)
         self.ff = FeedForward(d_model, d_inner, dropout)
         self.norm2 = nn.LayerNorm(d_model)
@@ -100,7 +100,7 @@ class SpanTransformer(nn.Module):
         self.key_pe = nn.Parameter(torch.randn(d_model // n_heads, attn_span))  # (Dh, S)
         span_kwargs = dict(
             span=span,
-            R=span_ramp,
+            span_ramp=span_ramp,
             span_init=span_init,
             dynamic_bias_init=dynamic_bias_init,
             chunk_size=chunk_size,
