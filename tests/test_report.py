@@ -126,3 +126,42 @@ def test_report_table_figures_and_dashes(runs, tmp_path, capsys):
 def test_report_refuses_a_directory_without_a_summary(tmp_path):
     with pytest.raises(SystemExit, match=r"no summary\.json; pass run directories"):
         report_main([str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_report_logs_its_table_to_an_active_wandb_run(tmp_path, monkeypatch):
+    """Inside a W&B run the same rows go to `report/table` as a wandb.Table, dashes as None."""
+    import wandb
+
+    run_dir = tmp_path / "runs" / "xl"
+    run_dir.mkdir(parents=True)
+    summary = {
+        "status": "finished",
+        "method": "longctx.methods.transformer_xl.module.TransformerXLLM",
+        "parameters": 1234,
+        "metrics": {"val/ppl": 50.0, "test/ppl": 52.5, "test/bpb": 1.25},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+    class FakeRun:
+        def __init__(self) -> None:
+            self.logged: dict = {}
+
+        def log(self, data: dict) -> None:
+            self.logged.update(data)
+
+    run = FakeRun()
+    monkeypatch.setattr(wandb, "run", run)
+    report_main([str(run_dir), "--out", str(tmp_path / "out")])
+    table = run.logged["report/table"]
+    assert isinstance(table, wandb.Table)
+    row = dict(zip(table.columns, table.data[0]))
+    assert (row["run"], row["method"], row["params"], row["metric"]) == ("xl", "TransformerXLLM", 1234, "ppl")
+    assert (row["val"], row["test"], row["test_bpb"], row["val_bpb"], row["corpus"]) == (
+        50.0,
+        52.5,
+        1.25,
+        None,
+        None,
+    )
+    assert {"report/bpb_vs_flops", "report/bpb_vs_memory", "report/val_curves"} <= set(run.logged)
+    assert "| xl | TransformerXLLM | - | finished | 1,234 |" in (tmp_path / "out" / "report.md").read_text()
