@@ -53,10 +53,10 @@ class WindowTransformerLM(LMBase):
             )
         logits = self.net(x)  # (B, L, V)
         nll = F.cross_entropy(logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, L)
-        logs = {} if self.training else {"flops_per_token": self.flops_per_token(x.shape[1])}
-        return StepOutput(nll=nll, memory=None, logs=logs)
+        return StepOutput(nll=nll, memory=None)
 
-    def flops_per_token(self, window: int) -> float:
-        """Forward FLOPs per scored token on windows of `window` tokens (2 × multiply-accumulates)."""
+    def flops_per_token(self, segment_length: int) -> float:
+        """Forward FLOPs per scored token on segments of `segment_length` tokens (2 × multiply-accumulates);
+        `LMBase` logs it as `{val,test}/flops_per_token`."""
         h = self.hparams
-        return flops_per_token(h.d_model, h.n_layers, h.d_inner, self.vocab_size, window)
+        return flops_per_token(h.d_model, h.n_layers, h.d_inner, self.vocab_size, segment_length)
