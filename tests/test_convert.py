@@ -20,7 +20,12 @@ from lightning.pytorch import Trainer
 
 from longctx.convert import ConvertError, convert, main, vocab_path_for
 from longctx.data.tokenize import WordVocab
-from longctx.methods.adaptive_span.convert import vocabulary_from_files, vocabulary_from_ids
+from longctx.methods.adaptive_span.convert import (
+    longctx_id,
+    permute_rows,
+    vocabulary_from_files,
+    vocabulary_from_ids,
+)
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.transformer_xl.convert import read_hf_vocab
 from longctx.methods.transformer_xl.module import TransformerXLLM
@@ -107,6 +112,21 @@ def test_adaptive_span_vocabulary_is_theirs():
     assert (
         bytes(np.asarray(byte_of_id)[test_ids.reshape(-1)].astype(np.uint8).tolist()) == raw[: test_ids.size]
     )
+
+
+def test_text8_vocabulary_maps_onto_longctx_characters():
+    """prep_text8.py writes `_` for a space and each split as one line (one `<eos>` after it); their
+    `<eos>` has no longctx text8 id and its row is dropped."""
+    splits = [np.array([1, 0, 2, 1]), np.array([3, 0]), np.array([1])]  # "a ba" | "c " | "a"
+    symbols = vocabulary_from_ids(splits, "char")
+    assert symbols == ["a", "_", "b", "<eos>", "c"]
+    targets = [longctx_id(s, "char") for s in symbols]
+    assert targets == [1, 0, 2, None, 3]
+    rows = torch.arange(5.0)[:, None]  # their row i holds i
+    moved = permute_rows(rows, targets, 27, fill=-1.0)[:, 0]
+    assert moved[:4].tolist() == [1.0, 0.0, 2.0, 4.0] and moved[4:].eq(-1.0).all()
+    with pytest.raises(ConvertError, match="is not a text8 character"):
+        longctx_id("A", "char")
 
 
 def test_adaptive_span_matches_their_per_token_nll(adaptive_ckpt):
