@@ -1,8 +1,8 @@
 """What each corpus is and where it comes from: the registry `CORPORA`.
 
-A `Corpus` record says how a corpus is tokenized (`unit`), which metric reports it, where its raw
-files come from (canonical URLs with pinned checksums, from `../shared/data/README.md`) and which file
-holds each split once extracted under `<root>/<dirname>/`. The heavy lifting (download, tokenize,
+A `Corpus` record says how a corpus is tokenized (`unit`), where its raw files come from (canonical
+URLs with pinned checksums, from `../shared/data/README.md`) and which file holds each split once
+extracted under `<root>/<dirname>/`. The heavy lifting (download, tokenize,
 cache) lives in `download.py`, `tokenize.py`, `cache.py` and `pg19.py`.
 
 Checksums: archives are pinned by sha256 (verified after download); extracted members by the sha1
@@ -57,7 +57,9 @@ class Corpus:
     """One named corpus.
 
     name: registry key. unit: byte (enwik8, sample), char (text8), word (WikiText, Transformer-XL
-    convention), bpe (GPT-2 BPE). metric: bpc or ppl. vocab_size: fixed size (None: built from the
+    convention), bpe (GPT-2 BPE by default; raw text, so `data.tokenizer: bytes` can read it at byte
+    level). The metric follows the unit (`LMDataModule.metric`: bpc for bytes/chars, else ppl).
+    vocab_size: fixed size (None: built from the
     data). documents: a collection of books (PG-19), streamed document by document with resets.
     dirname: the folder under `root` holding the extracted files; aliases: other folder names
     accepted (e.g. the `wikitext-raw` folder of `../shared/data`). splits: the member holding each
@@ -69,7 +71,6 @@ class Corpus:
 
     name: str
     unit: Unit
-    metric: Literal["bpc", "ppl"]
     vocab_size: int | None
     dirname: str
     archive: Archive | None = None
@@ -119,7 +120,6 @@ CORPORA: dict[str, Corpus] = {
         Corpus(
             "enwik8",
             unit="byte",
-            metric="bpc",
             vocab_size=256,
             dirname="enwik8",
             archive=Archive(
@@ -143,7 +143,6 @@ CORPORA: dict[str, Corpus] = {
         Corpus(
             "text8",
             unit="char",
-            metric="bpc",
             vocab_size=27,
             dirname="text8",
             archive=Archive(
@@ -159,7 +158,6 @@ CORPORA: dict[str, Corpus] = {
         Corpus(
             "wikitext103",
             unit="word",
-            metric="ppl",
             vocab_size=267_735,
             dirname="wikitext-103",
             archive=_wikitext(
@@ -181,7 +179,6 @@ CORPORA: dict[str, Corpus] = {
         Corpus(
             "wikitext2",
             unit="word",
-            metric="ppl",
             vocab_size=33_278,
             dirname="wikitext-2",
             archive=_wikitext(
@@ -204,7 +201,6 @@ CORPORA: dict[str, Corpus] = {
         Corpus(
             "wikitext103_raw",
             unit="bpe",
-            metric="ppl",
             vocab_size=50_257,
             dirname="wikitext-103-raw",
             aliases=("wikitext-raw",),
@@ -228,7 +224,6 @@ CORPORA: dict[str, Corpus] = {
         Corpus(
             "pg19",
             unit="bpe",
-            metric="ppl",
             vocab_size=50_257,
             dirname="pg19",
             documents=True,
@@ -237,7 +232,6 @@ CORPORA: dict[str, Corpus] = {
         Corpus(
             "sample",
             unit="byte",
-            metric="bpc",
             vocab_size=256,
             dirname="sample",
             contiguous_split="sample",
