@@ -68,6 +68,7 @@ def _summary(run_dir: Path) -> dict:
 def test_each_run_writes_its_summary_and_validation_curve(runs):
     full, fit_only, failed = (_summary(runs / name) for name in ("full", "fit_only", "failed"))
     assert (full["status"], full["subcommand"]) == ("finished", "test")
+    assert full["statuses"] == {"fit": "finished", "test": "finished"}
     assert (fit_only["status"], fit_only["subcommand"]) == ("finished", "fit")
     assert (failed["status"], failed["error"]) == ("failed", "RuntimeError: boom at step 3")
     assert full["method"] == "tests.lm_fixtures.CarryLM"

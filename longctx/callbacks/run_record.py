@@ -13,7 +13,8 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
   process's `peak_rss`), `wall_time_s`, `global_step`, `error` (one line, or null), and `time`.
   A later subcommand in the same directory (e.g. `test` after `fit`) keeps the earlier metrics it
   does not recompute and the training figures when it did not train; `status` and `subcommand` are
-  always the latest's.
+  always the latest's, and `statuses` holds the last status of each subcommand run there
+  (`{"fit": "finished", "test": "failed"}`).
 
 Training tokens are the scored targets of this rank's batches times the world size (every rank
 reads batches of one shape); they are kept in checkpoints, so a resumed run keeps counting.
@@ -184,7 +185,12 @@ class RunRecord(pl.Callback):
             current["train_tokens_per_s"] = tokens / self.train_seconds if self.train_seconds > 0 else None
         path = Path(trainer.default_root_dir) / SUMMARY
         previous = json.loads(path.read_text()) if path.exists() else {}
-        summary = {**previous, **current, "metrics": {**previous.get("metrics", {}), **eval_metrics(trainer)}}
+        summary = {
+            **previous,
+            **current,
+            "statuses": {**previous.get("statuses", {}), subcommand: status},
+            "metrics": {**previous.get("metrics", {}), **eval_metrics(trainer)},
+        }
         write_json_atomic(path, summary)
 
 
