@@ -11,6 +11,7 @@ With GPT-2 small (n_layer 12, d 768, d_ff 3072: N = 84,934,656) this gives 1.754
 1.949e8 at o = 30 and 5.262e8 at o = 200, the paper's 1.75e8, 1.94e8 and 5.25e8 within 0.5% (the
 paper's entries are its rounded 1.75e8 times T / (T − o)). Counting every non-embedding parameter
 (85,056,000 with biases and LayerNorms) misses the o = 30 entry by 0.6%, so the paper used Kaplan's N.
+Kaplan's n_layer is the argument `n_layers` below (one name per knob across longctx).
 
 This is the count `RecurrentGPT2LM.flops_per_token` logs, for the baseline and the recurrent model
 alike (as in the paper's table): Kaplan's N leaves out the embeddings and the output layer, and the
@@ -25,38 +26,34 @@ from longctx.flops import FLOPS_PER_MAC
 
 
 def kaplan_non_embedding_params(
-    n_layer: int, d_model: int, d_ff: int | None = None, d_attn: int | None = None
+    n_layers: int, d_model: int, d_ff: int | None = None, d_attn: int | None = None
 ) -> int:
     """N = 2·d_model·n_layer·(2·d_attn + d_ff) (Kaplan et al. 2020); d_ff = 4·d_model, d_attn = d_model."""
     d_ff = 4 * d_model if d_ff is None else d_ff
     d_attn = d_model if d_attn is None else d_attn
-    return 2 * d_model * n_layer * (2 * d_attn + d_ff)
+    return 2 * d_model * n_layers * (2 * d_attn + d_ff)
 
 
-def forward_flops_per_token(n_params: int, n_layer: int, n_ctx: int, d_attn: int) -> int:
+def forward_flops_per_token(n_params: int, n_layers: int, n_ctx: int, d_attn: int) -> int:
     """C_forward = 2N + 2·n_layer·n_ctx·d_attn (Kaplan et al. 2020, Table 1): N + n_layer·n_ctx·d_attn
     multiply-accumulates, 2 FLOPs each (`longctx.flops`)."""
-    return FLOPS_PER_MAC * (n_params + n_layer * n_ctx * d_attn)
+    return FLOPS_PER_MAC * (n_params + n_layers * n_ctx * d_attn)
 
 
-def flops_per_scored_token(n_params: int, n_layer: int, window: int, d_model: int, overlap: int = 0) -> float:
+def flops_per_scored_token(
+    n_params: int, n_layers: int, window: int, d_model: int, overlap: int = 0
+) -> float:
     """(2N + 2·n_layer·T·d)·T/(T − o): forward FLOPs per scored token with window T and overlap o."""
     if not 0 <= overlap < window:
         raise ValueError(f"overlap must satisfy 0 <= o < T, got o={overlap}, T={window}")
-    return forward_flops_per_token(n_params, n_layer, window, d_model) * window / (window - overlap)
+    return forward_flops_per_token(n_params, n_layers, window, d_model) * window / (window - overlap)
 
 
 def hf_model_flops_per_scored_token(lm: nn.Module, window: int, overlap: int = 0) -> float:
     """The formula for a Hugging Face GPT-2-style model, N from its config (Kaplan's count)."""
     config = lm.config
     d_model = int(config.hidden_size)
-    n_layer = int(config.num_hidden_layers)
+    n_layers = int(config.num_hidden_layers)
     d_ff = getattr(config, "n_inner", None) or getattr(config, "intermediate_size", None) or 4 * d_model
-    n_params = kaplan_non_embedding_params(n_layer, d_model, int(d_ff))
-    return flops_per_scored_token(n_params, n_layer, window, d_model, overlap)
-
-
-def counted_non_embedding_params(lm: nn.Module) -> int:
-    """Every parameter except token and position embeddings (biases and LayerNorms included)."""
-    embeddings = {id(p) for m in lm.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    return sum(p.numel() for p in lm.parameters() if id(p) not in embeddings)
+    n_params = kaplan_non_embedding_params(n_layers, d_model, int(d_ff))
+    return flops_per_scored_token(n_params, n_layers, window, d_model, overlap)

@@ -224,9 +224,6 @@ class LayerPooling(nn.Module):
         weights = torch.softmax(self.weight_logits.float(), 0)  # (L,)
         return torch.einsum("l,lbd->bd", weights, means)
 
-    def layer_weights(self) -> Tensor:
-        return torch.softmax(self.weight_logits.detach().float(), 0)
-
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
@@ -257,7 +254,7 @@ class WindowRecurrence(nn.Module):
     parameter names (`lm.*`) whether or not it has the recurrence (the windowed baseline).
 
     Args:
-        d_model, n_layer: the LM's hidden size and number of blocks.
+        d_model, n_layers: the LM's hidden size and number of blocks.
         insert_layer: ℓ_ins (0-based block index).
         ffn_width, ffn_hidden_layers, ffn_activation: the FFN (paper 3 × 200).
         pool_embeddings: also pool the embedding output (L + 1 layer weights instead of L).
@@ -267,7 +264,7 @@ class WindowRecurrence(nn.Module):
     def __init__(
         self,
         d_model: int,
-        n_layer: int,
+        n_layers: int,
         insert_layer: int = 2,
         ffn_width: int = 200,
         ffn_hidden_layers: int = 3,
@@ -276,12 +273,12 @@ class WindowRecurrence(nn.Module):
         slot_norm: bool = True,
     ) -> None:
         super().__init__()
-        if not 0 <= insert_layer < n_layer:
-            raise ValueError(f"insert_layer (ℓ_ins) must be in [0, {n_layer}), got {insert_layer}")
+        if not 0 <= insert_layer < n_layers:
+            raise ValueError(f"insert_layer (ℓ_ins) must be in [0, {n_layers}), got {insert_layer}")
         self.insert_layer = insert_layer
         self.pool_embeddings = pool_embeddings
         self.slot_norm = slot_norm
-        self.pooling = LayerPooling(n_layer + int(pool_embeddings))
+        self.pooling = LayerPooling(n_layers + int(pool_embeddings))
         self.ffn = RecurrenceFFN(d_model, ffn_width, ffn_hidden_layers, ffn_activation)
 
     def slot_for(self, lm: nn.Module, h_prev: Tensor | None, present: Tensor | None) -> RecurrenceSlot | None:
