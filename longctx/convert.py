@@ -71,14 +71,22 @@ def vocab_path_for(dest: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------- config
-def load_config(config: Path, overrides: Sequence[str] = ()) -> tuple[LMBase, LMDataModule]:
+def load_config(
+    config: Path, overrides: Sequence[str] = (), model_class: type[LMBase] | None = None
+) -> tuple[LMBase, LMDataModule]:
     """The model and data module a config describes, built by the project's own CLI parser (so
     defaults, links such as `data.vocab_size` and class paths resolve exactly as in `test`), without
-    a trainer, logger or run directory."""
+    a trainer, logger or run directory. A config of another model class than `model_class` is
+    refused before anything is built."""
     from longctx.cli import LongCtxCLI
 
     class ConfigReader(LongCtxCLI):
         def before_instantiate_classes(self) -> None:
+            configured = self.config.model.class_path
+            if model_class is not None and configured.rsplit(".", 1)[-1] != model_class.__name__:
+                raise ConvertError(
+                    f"this format converts into {model_class.__name__}, but {config} configures {configured}"
+                )
             self.config.trainer.logger = None
             self.config.trainer.callbacks = None
 
@@ -183,12 +191,7 @@ def convert(
         _atomic_write(vocab_file, lambda tmp: tmp.write_text(text, encoding="utf-8"))
         overrides = [*overrides, "--data.vocab_file", str(vocab_file)]
     try:
-        model, datamodule = load_config(config, overrides)
-        if not isinstance(model, converter.MODEL_CLASS):
-            raise ConvertError(
-                f"format {fmt} converts into {converter.MODEL_CLASS.__name__}, but {config} configures "
-                f"{type(model).__name__}"
-            )
+        model, datamodule = load_config(config, overrides, converter.MODEL_CLASS)
         result = converter.convert(fmt, source, model, datamodule, vocab)
         load_converted(model, result.state_dict, str(source))
     except BaseException:

@@ -308,6 +308,14 @@ def test_kimiyoung_pickle_is_read_without_their_classes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- errors
+def test_config_of_another_model_is_refused(tmp_path):
+    config = write_config(tmp_path, ADAPTIVE_CONFIG)
+    message = "this format converts into TransformerXLLM, but .* configures .*AdaptiveSpanLM"
+    with pytest.raises(ConvertError, match=message):
+        convert("transfo-xl-hf", config, FIXTURES / "transfo_xl_hf" / "div1", tmp_path / "x.ckpt")
+    assert not vocab_path_for(tmp_path / "x.ckpt").exists()
+
+
 def test_unknown_format(tmp_path):
     with pytest.raises(
         ConvertError, match="unknown format 'fairseq'; formats: adaptive-span, transfo-xl-hf, transfo-xl"
