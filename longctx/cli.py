@@ -331,6 +331,29 @@ def _check_checkpoint_names(trainer: Trainer) -> None:
                 )
 
 
+PARSER_KWARGS = {"parser_mode": "yaml"}
+
+
+class _ParserBuilt(Exception):
+    def __init__(self, parser: LightningArgumentParser) -> None:
+        self.parser = parser
+
+
+def parser_only() -> LightningArgumentParser:
+    """The CLI's parser with every subcommand, built without parsing or instantiating anything (for
+    checking many command lines, e.g. `python -m longctx.sweep check`, with one parser)."""
+
+    class Capture(LongCtxCLI):
+        def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+            raise _ParserBuilt(parser)
+
+    try:
+        Capture(args=[], parser_kwargs=PARSER_KWARGS)
+    except _ParserBuilt as built:
+        return built.parser
+    raise AssertionError("LightningCLI parsed no arguments")  # unreachable: parse_arguments raises
+
+
 def main(args: list[str] | None = None) -> LongCtxCLI:
     """Entry point of `python -m longctx` and of the `longctx` script; bad input exits with one line."""
     argv = sys.argv[1:] if args is None else args
@@ -340,6 +363,6 @@ def main(args: list[str] | None = None) -> LongCtxCLI:
             "protocol, which `test` and `validate` apply; run one of those"
         )
     try:
-        return LongCtxCLI(args=args, parser_kwargs={"parser_mode": "yaml"})
+        return LongCtxCLI(args=args, parser_kwargs=PARSER_KWARGS)
     except ConfigError as err:
         sys.exit(f"error: {err}")

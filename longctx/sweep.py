@@ -1,22 +1,40 @@
-"""Sweep files for SLURM array jobs: one run per line, picked by `SLURM_ARRAY_TASK_ID`.
+"""Sweep files: one longctx run per line, as a SLURM array job or one after another on this machine.
 
 A sweep file holds one longctx command line per run (`fit --config configs/x.yaml --model...`),
-quoted as in a shell; blank lines and `#` comments are skipped, so task `i` runs the `i`-th run line
-(0-based, matching `#SBATCH --array=0-N`). `slurm/sweep.sbatch` calls
+quoted as in a shell; blank lines and `#` comments are skipped, so run `i` is the `i`-th run line
+(0-based, matching `#SBATCH --array=0-N`). Each line starts with a subcommand of `python -m longctx`:
+fit, validate, test or evaluate_overlaps.
 
-    python -m longctx.sweep FILE TASK_ID
+    python -m longctx.sweep FILE TASK_ID      # slurm/sweep.sbatch: print run TASK_ID's arguments,
+                                              # NUL-separated for `mapfile -d ''`
+    python -m longctx.sweep FILE 0 --count    # the number of runs (for --array=0-N)
+    python -m longctx.sweep run FILE          # run every line here, one after another
+    python -m longctx.sweep check FILE...     # parse every line with the CLI's parser, run nothing
 
-which prints that run's arguments NUL-separated for `mapfile -d ''`. The run directory and W&B run
-id come from `SLURM_ARRAY_JOB_ID`/`SLURM_ARRAY_TASK_ID` (see `longctx.cli.run_name_from_env`), so a
-requeued task resumes its own run and the runs of one sweep share a W&B group.
+Under SLURM the run directory and W&B run id come from `SLURM_ARRAY_JOB_ID`/`SLURM_ARRAY_TASK_ID`
+unless the line names its run (see `longctx.cli.run_name_from_env`). `run` gives a line without
+`--run_name` the stable name `<file stem>/<index>` and skips a line whose run directory
+(`<trainer.default_root_dir>/<run_name>`, the root taken from the line, else `runs`) holds a
+`summary.json` saying this subcommand finished, so an interrupted sweep restarts where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import shlex
+import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
+
+SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
+DEFAULT_ROOT = "runs"  # the CLI's run root when trainer.default_root_dir is not set
+SUMMARY = "summary.json"  # written by longctx.callbacks.run_record at the end of every subcommand
+LONGCTX = (sys.executable, "-m", "longctx")
 
 
 def run_lines(path: Path) -> list[list[str]]:
@@ -41,12 +59,110 @@ def task_arguments(path: Path, task_id: int) -> list[str]:
             f"--array=0-{len(runs) - 1}"
         )
     args = runs[task_id]
-    if args[0] not in {"fit", "validate", "test"}:
-        raise ValueError(f"{path}: run {task_id} must start with fit, validate or test, got {args[0]!r}")
+    if args[0] not in SUBCOMMANDS:
+        raise ValueError(
+            f"{path}: run {task_id} must start with one of {', '.join(SUBCOMMANDS)}, got {args[0]!r}"
+        )
     return args
 
 
+def option(args: list[str], name: str) -> str | None:
+    """The value of `--name X` or `--name=X` in a command line (the last one wins, as in the CLI)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def local_run(path: Path, index: int, args: list[str]) -> tuple[list[str], Path]:
+    """A line's arguments with a run name (`<file stem>/<index>` unless it has one) and its run
+    directory."""
+    if option(args, "--run_name") is None:
+        args = [*args, "--run_name", f"{path.stem}/{index}"]
+    root = option(args, "--trainer.default_root_dir") or DEFAULT_ROOT
+    return args, Path(root) / option(args, "--run_name")
+
+
+def finished(run_dir: Path, subcommand: str) -> bool:
+    """Whether the run directory's summary says `subcommand` ran to its end."""
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return summary.get("status") == "finished" and summary.get("subcommand") == subcommand
+
+
+def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
+    """Run each line of a sweep file in turn (a fresh `python -m longctx` per line), skipping the
+    finished ones; a failed line does not stop the others. Returns the number of failed lines."""
+    runs = [task_arguments(path, i) for i in range(len(run_lines(path)))]
+    failed = []
+    for index, line in enumerate(runs):
+        args, run_dir = local_run(path, index, line)
+        head = f"[{index + 1}/{len(runs)}] {run_dir}"
+        if finished(run_dir, args[0]):
+            print(f"{head}: finished earlier, skipped", flush=True)
+            continue
+        print(f"{head}: python -m longctx {shlex.join(args)}", flush=True)
+        start = time.perf_counter()
+        code = subprocess.run([*launcher, *args]).returncode
+        status = "finished" if code == 0 else f"FAILED (exit {code})"
+        print(f"{head}: {status} after {time.perf_counter() - start:.0f} s", flush=True)
+        if code != 0:
+            failed.append(index)
+    print(
+        f"sweep {path}: {len(runs) - len(failed)} of {len(runs)} runs finished"
+        + (
+            f"; failed: lines {', '.join(map(str, failed))} (rerun the same command to retry them)"
+            if failed
+            else ""
+        ),
+        flush=True,
+    )
+    return len(failed)
+
+
+def check_sweeps(paths: list[Path]) -> dict[str, str]:
+    """Parse every run of the sweep files with the CLI's own parser (configs read, classes and
+    settings validated, nothing instantiated or run). Returns `{"file:run": error}` for the failures.
+    Relative paths in the lines are resolved from the current directory, as when they run."""
+    from longctx.cli import parser_only
+
+    parser = parser_only()
+    errors = {}
+    for path in paths:
+        for index in range(len(run_lines(path))):
+            where = f"{path}:run {index}"
+            stderr = io.StringIO()
+            try:
+                args = task_arguments(path, index)
+                with contextlib.redirect_stderr(stderr):
+                    parser.parse_args(args)
+            except (ValueError, SystemExit) as err:
+                errors[where] = (stderr.getvalue().strip() or str(err)).splitlines()[-1]
+    return errors
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        parser = argparse.ArgumentParser(prog="python -m longctx.sweep run", description=run_sweep.__doc__)
+        parser.add_argument("sweep_file", type=Path)
+        args = parser.parse_args(argv[1:])
+        sys.exit(1 if run_sweep(args.sweep_file) else 0)
+    if argv[:1] == ["check"]:
+        parser = argparse.ArgumentParser(
+            prog="python -m longctx.sweep check", description=check_sweeps.__doc__
+        )
+        parser.add_argument("sweep_files", type=Path, nargs="+")
+        args = parser.parse_args(argv[1:])
+        errors = check_sweeps(args.sweep_files)
+        for where, error in errors.items():
+            print(f"{where}: {error}", file=sys.stderr)
+        sys.exit(1 if errors else 0)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -117,7 +117,17 @@ def test_eval_script_refuses_an_unknown_stage(fake_slurm):
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 2 and "validate or test" in result.stderr
+    assert result.returncode == 2 and "evaluate_overlaps, validate or test" in result.stderr
+
+
+def test_eval_script_runs_evaluate_overlaps(fake_slurm):
+    env, record = fake_slurm
+    args = ["evaluate_overlaps", "configs/r.yaml", "x.ckpt", "--overlaps", "[0,5]"]
+    subprocess.run(["bash", str(REPO / "slurm/eval.sbatch"), *args], env=env, check=True)
+    assert record.read_text().splitlines() == [
+        "python", "-m", "longctx", "evaluate_overlaps", "--config", "configs/r.yaml", "--ckpt_path", "x.ckpt",
+        "--trainer.devices", "1", "--trainer.num_nodes", "1", "--overlaps", "[0,5]",
+    ]  # fmt: skip
 
 
 def test_sweep_file_parsing(tmp_path):
@@ -129,7 +139,7 @@ def test_sweep_file_parsing(tmp_path):
     ]
     assert task_arguments(sweep, 1)[-1] == "x y.ckpt"
     sweep.write_text("train --config a.yaml\n")
-    with pytest.raises(ValueError, match="must start with fit, validate or test"):
+    with pytest.raises(ValueError, match="must start with one of fit, validate, test, evaluate_overlaps"):
         task_arguments(sweep, 0)
 
 

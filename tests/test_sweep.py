@@ -1,0 +1,137 @@
+"""Sweep files: every line of every `slurm/sweeps/*.txt` parses with the CLI's parser, and the local
+runner (`python -m longctx.sweep run`) runs lines in turn, names unnamed runs stably and skips the
+finished ones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from longctx.sweep import SUBCOMMANDS, check_sweeps, run_lines, run_sweep, task_arguments
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEPS = sorted((REPO / "slurm" / "sweeps").glob("*.txt"))
+
+
+def test_the_sweep_subcommands_are_the_clis():
+    from longctx.cli import LongCtxCLI
+
+    assert set(SUBCOMMANDS) == set(LongCtxCLI.subcommands())
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: p.name)
+def test_every_sweep_line_names_a_subcommand_and_existing_configs(sweep):
+    runs = run_lines(sweep)
+    assert runs
+    for index, args in enumerate(runs):
+        assert task_arguments(sweep, index) == args  # known subcommand
+        configs = [args[i + 1] for i, arg in enumerate(args) if arg == "--config"]
+        assert configs and all((REPO / c).is_file() for c in configs), args
+
+
+@pytest.mark.slow
+def test_every_sweep_line_parses_with_the_cli_parser(tmp_path, monkeypatch):
+    """The whole command line of every run, through the CLI's own parser (configs read, classes and
+    settings type-checked, nothing instantiated): what a SLURM array task would start with."""
+    monkeypatch.chdir(REPO)  # the lines' paths are relative to the repository root
+    bad = tmp_path / "bad.txt"
+    bad.write_text(
+        "test --config configs/quickstart.yaml --model.init_args.d_modle 8\n"
+        "evaluate_overlaps --config configs/gpt2_window_tiny.yaml --overlaps '[0, 5]'\n"
+    )
+    errors = check_sweeps([*SWEEPS, bad])
+    assert list(errors) == [f"{bad}:run 0"], errors  # every real line parses; the typo is caught
+    assert "d_modle" in errors[f"{bad}:run 0"]
+
+
+FAKE_LONGCTX = """
+import json, pathlib, sys
+args = sys.argv[1:]
+with open("calls.jsonl", "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if "--fail" in args:
+    sys.exit(3)
+run_dir = pathlib.Path("runs") / args[args.index("--run_name") + 1]
+run_dir.mkdir(parents=True, exist_ok=True)
+(run_dir / "summary.json").write_text(json.dumps({"status": "finished", "subcommand": args[0]}))
+"""
+
+
+def write_summary(run_dir: Path, status: str, subcommand: str) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"status": status, "subcommand": subcommand}))
+
+
+def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    fake = tmp_path / "fake_longctx.py"
+    fake.write_text(FAKE_LONGCTX)
+    sweep = tmp_path / "grid.txt"
+    sweep.write_text(
+        textwrap.dedent(
+            """\
+            # finished earlier: skipped
+            fit --config a.yaml --run_name done
+            # unnamed: runs as grid/1
+            fit --config a.yaml --model.init_args.lr 0.1
+            test --config a.yaml --run_name=broken --fail
+            # fit finished in this directory, but this line is a test: it runs
+            test --config a.yaml --run_name done_fit
+            # failed earlier: runs again
+            validate --config a.yaml --run_name retry --trainer.default_root_dir runs
+            """
+        )
+    )
+    write_summary(tmp_path / "runs/done", "finished", "fit")
+    write_summary(tmp_path / "runs/done_fit", "finished", "fit")
+    write_summary(tmp_path / "runs/retry", "failed", "validate")
+    launcher = [sys.executable, str(fake)]
+
+    assert run_sweep(sweep, launcher) == 1  # the --fail line
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert calls == [
+        ["fit", "--config", "a.yaml", "--model.init_args.lr", "0.1", "--run_name", "grid/1"],
+        ["test", "--config", "a.yaml", "--run_name=broken", "--fail"],
+        ["test", "--config", "a.yaml", "--run_name", "done_fit"],
+        ["validate", "--config", "a.yaml", "--run_name", "retry", "--trainer.default_root_dir", "runs"],
+    ]
+    out = capsys.readouterr().out
+    assert f"[1/5] {Path('runs/done')}: finished earlier, skipped" in out
+    assert f"[3/5] {Path('runs/broken')}: FAILED (exit 3)" in out
+    assert "sweep" in out and "4 of 5 runs finished; failed: lines 2" in out
+
+    (tmp_path / "calls.jsonl").unlink()
+    assert run_sweep(sweep, launcher) == 1  # restarted: only the failed line runs again
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert calls == [["test", "--config", "a.yaml", "--run_name=broken", "--fail"]]
+
+
+@pytest.mark.slow
+def test_runner_runs_a_real_sweep_and_skips_it_when_restarted(tmp_path):
+    """`python -m longctx.sweep run FILE` end to end: a real tiny fit writes its summary.json, so the
+    same command again runs nothing."""
+    sweep = tmp_path / "tiny.txt"
+    quick = (
+        f"--config {REPO / 'configs/quickstart.yaml'} --data.cache_dir {tmp_path / 'cache'} "
+        "--trainer.max_steps 2 --trainer.limit_val_batches 1 --trainer.val_check_interval 2 "
+        "--trainer.logger false --trainer.enable_progress_bar false"
+    )
+    sweep.write_text(f"fit {quick} --run_name earlier\nfit {quick}\n")
+    write_summary(tmp_path / "runs/earlier", "finished", "fit")
+    env = {"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "longctx.sweep", "run", str(sweep)]
+    first = subprocess.run(
+        command, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True
+    )
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs/tiny/1/summary.json").read_text())
+    assert summary["status"] == "finished" and summary["global_step"] == 2
+    again = subprocess.run(
+        command, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True
+    )
+    assert again.returncode == 0 and again.stdout.count("finished earlier, skipped") == 2, again.stdout
