@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import json
 import math
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from longctx.data import cache, corpora
 from longctx.data.__main__ import main as prepare_main
@@ -288,3 +290,47 @@ def test_bits_per_byte_of_a_tiny_model_equals_a_direct_count(monkeypatch, tmp_pa
     n_bytes = int(data.token_bytes[batch["target"]][batch["mask"]].sum())
     ratio = float(trainer.callback_metrics["train/bpb"] / trainer.callback_metrics["train/loss"])
     assert ratio == pytest.approx(int(batch["mask"].sum()) / math.log(2) / n_bytes, rel=1e-5)
+
+
+def _fit_sample(root: Path, record: Path, cache_dir: Path, max_steps: int = -1, ckpt_path: str | None = None):
+    """CarryLM for 3 epochs on the sample text with adaptive-span's wrap-around (4 batches per epoch);
+    every step records the first input token of each row."""
+    pl.seed_everything(0)
+    data = LMDataModule(
+        "sample", cache_dir=str(cache_dir), batch_size=64, tgt_len=1024, train_wrap="random_offset", seed=3
+    )
+    model = CarryLM(vocab_size=256, record_dir=str(record))
+    checkpoints = ModelCheckpoint(dirpath=root / "ckpt", save_last=True, every_n_train_steps=1)
+    trainer = cpu_trainer(
+        root,
+        callbacks=[checkpoints],
+        enable_checkpointing=True,
+        max_epochs=3,
+        max_steps=max_steps,
+        limit_val_batches=0,
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return data
+
+
+@pytest.mark.slow  # three short fits (~45 s on a busy 2-core machine)
+def test_random_offset_wrap_resumes_mid_epoch_exactly_under_lightning(tmp_path):
+    """Interrupted in epoch 1 (which starts at a drawn offset) and resumed from `last`: every step
+    reads the batch the uninterrupted run read."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    full.mkdir(), part.mkdir()
+    data = _fit_sample(tmp_path / "a", full, tmp_path / "cache")
+    _fit_sample(tmp_path / "b", part, tmp_path / "cache", max_steps=6)  # epoch 0, then 2 steps of epoch 1
+    _fit_sample(tmp_path / "b", part, tmp_path / "cache", ckpt_path="last")
+    expected = [json.loads(line)["first"] for line in (full / "rank0.jsonl").read_text().splitlines()]
+    got = [json.loads(line)["first"] for line in (part / "rank0.jsonl").read_text().splitlines()]
+    assert got == expected
+    tokens = data.corpus.split("train").tokens
+    stream = data.train_dataloader()
+    offsets = [stream.epoch_offset(epoch) for epoch in range(3)]
+    assert offsets[0] == 0 and offsets[1] != offsets[2]
+    per_row = (len(tokens) - 1) // 64
+    lengths = [(per_row - offset) // 1024 for offset in offsets]  # whole blocks only: 4, then 3 or 4
+    assert len(expected) == sum(lengths)
+    for epoch in range(3):  # each epoch's first batch: row 0 starts at that epoch's offset
+        assert expected[sum(lengths[:epoch])][0] == tokens[offsets[epoch]]
