@@ -21,7 +21,6 @@ from longctx.methods.transformer_xl.relative_attention import (
 from longctx.methods.transformer_xl.trams import (
     TramsSettings,
     query_gram,
-    reformulated_keys,
     select_memory,
     trams_scores,
     window_index,
@@ -49,6 +48,11 @@ def keys(attn: RelMultiHeadAttention, h: torch.Tensor) -> torch.Tensor:
     w_k = attn.qkv_net.weight[H * DH : 2 * H * DH]
     B, T, _ = h.shape
     return (h @ w_k.T).view(B, T, H, DH).transpose(1, 2)
+
+
+def reformulated_keys(k: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """K′ = W_Q⁽ʰ⁾ᵀ k materialised, as the released code's `QKk`: (B, H, P, Dh) -> (B, H, P, D)."""
+    return torch.einsum("bhpd,hdc->bhpc", k, w_q)
 
 
 def brute_force_metric(k: torch.Tensor, w_q: torch.Tensor, metric: str) -> torch.Tensor:

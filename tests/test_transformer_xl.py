@@ -24,6 +24,7 @@ from longctx.methods.transformer_xl.relative_attention import (
     sinusoid_positions,
     window_mask,
 )
+from longctx.models.base import detach_memory
 from tests.lm_fixtures import SyntheticData, cpu_trainer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -179,6 +180,18 @@ def test_memory_holds_the_last_inputs_of_each_layer_and_rpe_has_none():
     a = model(x[:, 5:], model(x[:, :5], model.empty_memory(2), mem_len=0).memory, mem_len=0)
     assert a.memory.valid.shape == (2, 0)
     torch.testing.assert_close(a.hidden, model(x[:, 5:], model.empty_memory(2), mem_len=0).hidden)
+
+
+def test_the_base_detaches_a_typed_memory_field_by_field():
+    hidden = [torch.randn(2, 3, 4, requires_grad=True) * 2 for _ in range(2)]
+    key = [h.view(2, 1, 3, 4) for h in hidden]
+    valid = torch.tensor([[False, True, True], [True, True, True]])
+    for memory in (XLMemory(hidden, valid), XLMemory(hidden, valid, key, key)):
+        out = detach_memory(memory)
+        assert type(out) is XLMemory and torch.equal(out.valid, memory.valid)
+        assert all(torch.equal(a, b) and not a.requires_grad for a, b in zip(out.hidden, hidden))
+        assert (out.key is None) == (memory.key is None)
+        assert all(not k.requires_grad for k in out.key or [])
 
 
 @pytest.mark.parametrize("same_length", [False, True])

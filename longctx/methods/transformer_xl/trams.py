@@ -81,11 +81,6 @@ def trams_scores(k: Tensor, w_q: Tensor, metric: Literal["code", "paper"] = "cod
     return norm2.sqrt() * total.abs()
 
 
-def reformulated_keys(k: Tensor, w_q: Tensor) -> Tensor:
-    """K′ = W_Q⁽ʰ⁾ᵀ k materialised: (B, H, P, Dh) -> (B, H, P, D) (the released code's `QKk`)."""
-    return torch.einsum("bhpd,hdc->bhpc", k, w_q.to(k.dtype))
-
-
 def oracle_scores(probs: Tensor, n_selectable: int) -> Tensor:
     """probs: (B, H, n, W) attention probabilities over the full window (pool first); returns the
     probability mass each of the first `n_selectable` keys receives, summed over queries (B, H, S)."""
