@@ -98,6 +98,7 @@ def _records(record: Path) -> dict[str, list[dict]]:
     }
 
 
+@pytest.mark.slow  # resume: three fits
 @pytest.mark.parametrize(
     "devices,strategy", [(1, "auto"), pytest.param(2, "ddp_spawn", marks=pytest.mark.ddp)]
 )

@@ -33,6 +33,7 @@ def _run_in_tmp(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.mark.slow  # the parser on every config; the fast tier resolves one per base (test_configs.py)
 def test_every_config_parses():
     """Each YAML in configs/ is a valid fit config: classes resolve, no unknown keys."""
     assert len(CONFIGS) >= 10

@@ -18,6 +18,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from longctx.optim.schedules import WarmupCosine
 from tests.lm_fixtures import TINY_METHODS, cpu_trainer
 
+pytestmark = pytest.mark.slow  # two fits per method (the slow tier)
+
 
 def _schedule(optimizer: torch.optim.Optimizer) -> WarmupCosine:
     return WarmupCosine(optimizer, warmup_steps=3, max_steps=40, min_lr_ratio=0.1)
