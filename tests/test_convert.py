@@ -290,6 +290,18 @@ def test_transformer_xl_hf_cluster_rows_are_reversed(xl_ckpts):
     torch.testing.assert_close(ours["net.crit.cluster_bias"], theirs["crit.cluster_bias"].flip(0))
 
 
+def test_data_vocab_file_gives_the_vocabulary_and_its_own_cache(tmp_path):
+    from longctx.data.datamodule import LMDataModule
+
+    vocab = tmp_path / "v.vocab.txt"
+    vocab.write_text("<eos>\n<unk>\nthe\n")
+    data = LMDataModule(corpus="wikitext2", cache_dir=str(tmp_path), vocab_file=str(vocab))
+    assert data.vocab_size == 3
+    assert data.spec.path != LMDataModule(corpus="wikitext2", cache_dir=str(tmp_path)).spec.path
+    with pytest.raises(ValueError, match=r"data\.vocab_file is a word vocabulary, but corpus enwik8 is not"):
+        LMDataModule(corpus="enwik8", vocab_file=str(vocab))
+
+
 def test_hf_vocab_saved_with_legacy_torch_save_is_read(tmp_path):
     """Older hub files (transfo-xl-wt103's vocab.pkl) are a legacy torch.save of the dict."""
     path = tmp_path / "vocab.pkl"
