@@ -213,6 +213,7 @@ def test_missing_checkpoint_file_is_an_error(tmp_path):
     assert exit_info.value.code == "error: --ckpt_path runs/old/last.ckpt: no such checkpoint file"
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_without_checkpoint_starts_fresh_in_fit_and_fails_in_evaluation(tmp_path, capsys):
     """The requeue workflow passes `--ckpt_path last` from the first run on."""
     with warnings.catch_warnings():
