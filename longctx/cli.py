@@ -279,26 +279,31 @@ class LongCtxCLI(LightningCLI):
         """Check that `--ckpt_path` fits the configured model, before Lightning loads it.
 
         `last` resolves as Lightning resolves it (the newest `last*.ckpt` of the run's checkpoint
-        callbacks). With none yet, `fit` starts fresh and says so in one line (what a requeued or
-        restarted sweep task relies on), while an evaluation has nothing to evaluate: an error.
+        callbacks), except that `fit` also considers the SLURM requeue checkpoint (`hpc_ckpt_N.ckpt`
+        in the run directory, which Lightning's `last` ignores) and takes the newer. With none yet,
+        `fit` starts fresh and says so in one line (what a requeued or restarted sweep task relies
+        on), while an evaluation has nothing to evaluate: an error.
         """
         arguments = self.config_init[self.subcommand]
         ckpt_path = arguments.get("ckpt_path")
         if ckpt_path == "last":
+            connector = self.trainer._checkpoint_connector
             stage = FIT_STAGES.get(self.subcommand, TrainerFn.TESTING)
             with warnings.catch_warnings():  # Lightning's own warning says less than the lines below
                 warnings.simplefilter("ignore")
-                found = self.trainer._checkpoint_connector._parse_ckpt_path(
-                    stage, "last", model_provided=True, model_connected=True
-                )
+                found = connector._parse_ckpt_path(stage, "last", model_provided=True, model_connected=True)
+            if self.subcommand == "fit":
+                candidates = [path for path in (found, connector._hpc_resume_path) if path]
+                found = max(candidates, key=os.path.getmtime, default=None)
             if found is None:
                 where = Path(self.trainer.default_root_dir) / "checkpoints"
                 if self.subcommand != "fit":
                     raise ConfigError(f"--ckpt_path last: no checkpoint in {where}, so nothing to evaluate")
                 say(f"--ckpt_path last: no checkpoint in {where} yet; the run starts fresh")
-                arguments.ckpt_path = None  # Lightning would warn again; its SLURM hpc resume still applies
+                arguments.ckpt_path = None  # Lightning would warn again
                 return
-            ckpt_path = found
+            say(f"--ckpt_path last: resuming from {found}")
+            arguments.ckpt_path = ckpt_path = str(found)
         if ckpt_path and ckpt_path not in SPECIAL_CKPT_PATHS:
             try:
                 check_checkpoint_fits(ckpt_path, self.model, strict=self.model.strict_loading)

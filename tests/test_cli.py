@@ -224,6 +224,14 @@ def test_ckpt_path_last_without_checkpoint_starts_fresh_in_fit_and_fails_in_eval
     where = Path("runs/quick/checkpoints")
     expected = f"longctx: --ckpt_path last: no checkpoint in {where} yet; the run starts fresh\n"
     assert expected in capsys.readouterr().err
+    # A SLURM requeue checkpoint (Lightning's `last` alone would ignore it) is newer than any last.ckpt.
+    cli.trainer.save_checkpoint(Path("runs/quick/hpc_ckpt_1.ckpt"))
+    cli = main(quick_args(tmp_path, "--ckpt_path", "last", "--trainer.max_steps", "2"))
+    assert cli.trainer.global_step == 2
+    assert (
+        f"longctx: --ckpt_path last: resuming from {Path('runs/quick/hpc_ckpt_1.ckpt')}\n"
+        in capsys.readouterr().err
+    )
     with pytest.raises(SystemExit) as exit_info:
         main(["validate", *quick_args(tmp_path, "--ckpt_path", "last", "--run_name", "other")[1:]])
     assert exit_info.value.code == (
