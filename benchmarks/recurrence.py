@@ -1,15 +1,21 @@
-"""Peak memory and throughput of backprop through K windows, with and without per-window checkpointing.
+"""Peak memory and throughput of backprop through K windows: no recomputation, per-window checkpointing,
+and the window-by-window reverse backward (`longctx/methods/recurrence/bptt.py`).
 
 Yoshida et al. 2020 §3.2: with gradient checkpointing per window only the window inputs, z_i and h_prev,i
 are kept, so training on K windows needs about the memory of one window (M + 2k⌈N/T⌉) at the cost of
 one extra forward per window. This script measures one training step (forward + backward of the
-recurrent GPT-2 on a random batch (B, K, T)) for K = 1, 5, 20, with and without checkpointing, each in
-a fresh process, and prints peak memory and tokens/s as ratios to K = 1 without checkpointing measured
-in the same run. The windowed baseline (no recurrence) is measured the same way for reference.
+recurrent GPT-2 on a random batch (B, K, T)) for each K and backward mode, each in a fresh process,
+and prints peak memory and tokens/s as ratios to K = (the first K) in the same mode, measured in the
+same repeat; with `--repeats N` every configuration runs N times (round robin) and the min and median of
+each ratio are printed. The windowed baseline (no recurrence) is measured the same way for reference.
 
-Peak memory: on CPU the growth of the process's peak resident set (ru_maxrss) over its size right
-before the first step, with glibc's mmap threshold fixed at 128 KiB so that freed activations leave the
-process; on CUDA `torch.cuda.max_memory_allocated` over the memory allocated before.
+Backward modes (`--modes`): `none` (one graph over the K windows, nothing recomputed), `checkpoint`
+(`torch.utils.checkpoint` per window, one backward), `window` (window by window in reverse).
+
+Peak memory = parameters + gradients + activations: on CPU the growth of the process's peak resident
+set (ru_maxrss) over its size right before the first step, plus the parameters' bytes, with glibc's mmap
+threshold fixed at 128 KiB so that freed activations leave the process; on CUDA
+`torch.cuda.max_memory_allocated` (which includes the parameters).
 
     python benchmarks/recurrence.py                       # CPU defaults (small GPT-2, real vocabulary)
     python benchmarks/recurrence.py --device cuda --n_layer 12 --n_embd 768 --n_head 12 --window 300
@@ -21,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -49,7 +56,8 @@ def measure(cfg: dict) -> dict:
         vocab_size=cfg["vocab"],
         gpt2_config=gpt2,
         recurrence=cfg["recurrence"],
-        checkpoint_windows=cfg["checkpoint"],
+        checkpoint_windows=cfg["mode"] != "none",
+        window_by_window=cfg["mode"] == "window",
     ).to(device)
     model.train()
     shape = (cfg["batch"], cfg["windows"], cfg["window"])
@@ -84,9 +92,10 @@ def measure(cfg: dict) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() - before
+        peak = torch.cuda.max_memory_allocated()
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before + params
     tokens = shape[0] * shape[1] * shape[2]
     return {**cfg, "peak_mib": peak / 2**20, "tokens_per_s": tokens / min(times), "step_s": min(times)}
 
@@ -103,7 +112,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=128, help="T")
     parser.add_argument("--batch", type=int, default=1, help="B rows")
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 5, 20], help="K values")
+    parser.add_argument("--modes", nargs="+", default=["none", "checkpoint", "window"], help="backward modes")
     parser.add_argument("--steps", type=int, default=2, help="timed steps (the fastest is reported)")
+    parser.add_argument("--repeats", type=int, default=1, help="fresh-process runs of every configuration")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--no_baseline", action="store_true", help="skip the windowed baseline rows")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -115,37 +126,42 @@ def main() -> None:
         k: getattr(args, k) for k in ("device", "n_layer", "n_embd", "n_head", "vocab", "window", "batch")
     }
     base.update(steps=args.steps, threads=args.threads)
-    runs = [(True, k, c) for k in args.windows for c in (False, True)]
+    configs = [(True, k, mode) for mode in args.modes for k in args.windows]
     if not args.no_baseline:
-        runs += [(False, k, False) for k in args.windows]
+        configs += [(False, k, "none") for k in args.windows]
     # A fixed mmap threshold turns off glibc's adaptive one, so freed large buffers go back to the OS and
     # the peak resident set tracks live tensors instead of heap fragmentation.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}
-    rows = []
-    for recurrence, windows, ckpt in runs:
-        cfg = {**base, "recurrence": recurrence, "windows": windows, "checkpoint": ckpt}
-        cmd = [sys.executable, __file__, "--one", json.dumps(cfg)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            sys.exit(f"measurement {cfg} failed:\n{proc.stderr[-3000:]}")
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(f"measured recurrence={recurrence} K={windows} checkpoint={ckpt}", file=sys.stderr)
-    ref = next(r for r in rows if r["recurrence"] and r["windows"] == args.windows[0] and not r["checkpoint"])
+    results: dict[tuple, list[dict]] = {c: [] for c in configs}
+    for repeat in range(args.repeats):  # round robin: a change in machine load hits every configuration
+        for recurrence, windows, mode in configs:
+            cfg = {**base, "recurrence": recurrence, "windows": windows, "mode": mode}
+            cmd = [sys.executable, __file__, "--one", json.dumps(cfg)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                sys.exit(f"measurement {cfg} failed:\n{proc.stderr[-3000:]}")
+            results[(recurrence, windows, mode)].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"repeat {repeat}: recurrence={recurrence} K={windows} mode={mode}", file=sys.stderr)
     print(
         f"device {args.device}; GPT-2 n_layer={args.n_layer} d={args.n_embd} heads={args.n_head} "
-        f"vocab={args.vocab}; B={args.batch}, T={args.window}; one training step (forward + backward)"
+        f"vocab={args.vocab}; B={args.batch}, T={args.window}; one training step (forward + backward); "
+        f"threads={args.threads or torch.get_num_threads()}; {args.repeats} repeat(s)"
     )
-    print(f"ratios vs recurrence, K={args.windows[0]}, no checkpointing")
-    header = (
-        f"{'model':>10} {'K':>3} {'ckpt':>5} {'peak MiB':>9} {'mem/ref':>8} {'tok/s':>9} {'tok/s/ref':>9}"
+    print(f"ratios vs K={args.windows[0]} of the same model and mode, same repeat: min / median")
+    print(
+        f"{'model':>10} {'mode':>10} {'K':>3} {'peak MiB':>9} {'mem/K1 min':>10} {'median':>7} "
+        f"{'tok/s':>8} {'tok/s/K1 min':>12} {'median':>7}"
     )
-    print(header)
-    for r in rows:
-        name, ckpt = ("recurrent" if r["recurrence"] else "baseline"), ("yes" if r["checkpoint"] else "no")
+    for recurrence, windows, mode in configs:
+        runs, refs = results[(recurrence, windows, mode)], results[(recurrence, args.windows[0], mode)]
+        mem = [r["peak_mib"] / ref["peak_mib"] for r, ref in zip(runs, refs, strict=True)]
+        speed = [r["tokens_per_s"] / ref["tokens_per_s"] for r, ref in zip(runs, refs, strict=True)]
+        name = "recurrent" if recurrence else "baseline"
         print(
-            f"{name:>10} {r['windows']:>3} {ckpt:>5} "
-            f"{r['peak_mib']:>9.1f} {r['peak_mib'] / ref['peak_mib']:>8.2f} {r['tokens_per_s']:>9.0f} "
-            f"{r['tokens_per_s'] / ref['tokens_per_s']:>9.2f}"
+            f"{name:>10} {mode:>10} {windows:>3} {statistics.median(r['peak_mib'] for r in runs):>9.1f} "
+            f"{min(mem):>10.3f} {statistics.median(mem):>7.3f} "
+            f"{statistics.median(r['tokens_per_s'] for r in runs):>8.0f} {min(speed):>12.3f} "
+            f"{statistics.median(speed):>7.3f}"
         )
 
 

@@ -101,6 +101,9 @@ class RecurrentGPT2LM(LMBase):
         pool_embeddings: pool the embedding output too (L + 1 layer weights instead of L).
         slot_norm: h_prev enters block ℓ_ins through its `ln_1` like any hidden state.
         checkpoint_windows: gradient checkpointing per window in training (paper §3.2).
+        window_by_window: with `checkpoint_windows`, run the backward one window at a time in reverse
+            (`bptt.py`: the memory of one window, gradients included); False: `torch.utils.checkpoint`
+            per window in one backward (the reference; holds one more copy of the gradients).
         attn_implementation: the stock attention the recurrence wraps ("sdpa" or "eager").
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam, 100 warm-up steps).
     """
@@ -120,6 +123,7 @@ class RecurrentGPT2LM(LMBase):
         pool_embeddings: bool = False,
         slot_norm: bool = True,
         checkpoint_windows: bool = True,
+        window_by_window: bool = True,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
@@ -142,6 +146,7 @@ class RecurrentGPT2LM(LMBase):
             else None
         )
         self.checkpoint_windows = checkpoint_windows
+        self.window_by_window = window_by_window
 
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: RecurrenceMemory | None) -> StepOutput:
@@ -155,7 +160,14 @@ class RecurrentGPT2LM(LMBase):
         if self.recurrence is not None:
             h_prev = None if memory is None else memory.h_prev
             nll, h_prev = self.recurrence(
-                self.lm, x, batch["target"], batch["mask"], batch["reset"], h_prev, use_checkpoint
+                self.lm,
+                x,
+                batch["target"],
+                batch["mask"],
+                batch["reset"],
+                h_prev,
+                checkpoint_windows=use_checkpoint,
+                window_by_window=use_checkpoint and self.window_by_window,
             )
             memory = RecurrenceMemory(h_prev)
         else:

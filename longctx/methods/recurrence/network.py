@@ -48,6 +48,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 
+from longctx.methods.recurrence.bptt import reverse_window_bptt
+
 RECURRENCE_SDPA = "recurrence_sdpa"
 RECURRENCE_EAGER = "recurrence_eager"
 RECURRENCE_IMPLEMENTATIONS = {"sdpa": RECURRENCE_SDPA, "eager": RECURRENCE_EAGER}
@@ -314,6 +316,7 @@ class WindowRecurrence(nn.Module):
         reset: Tensor,
         h_prev: Tensor | None = None,
         checkpoint_windows: bool = False,
+        window_by_window: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Backprop through K windows.
 
@@ -321,19 +324,30 @@ class WindowRecurrence(nn.Module):
         window: its h_prev is dropped); h_prev: (B, d) carried from the previous batch, or None.
         With `checkpoint_windows`, each window's forward is recomputed in the backward pass, so
         only the window inputs, z_i and h_prev,i stay in memory (paper §3.2).
+        With `window_by_window` (also recomputing each window), the backward runs one window at a
+        time in reverse and only h_prev,i stays in memory: no gradient buffer beyond `.grad` (`bptt.py`).
         Returns nll (B, K, T) and h_prev for the next batch (B, d).
         """
         check_recurrence_attention(lm)
-        nlls = []
-        for k in range(input_ids.shape[1]):
+
+        def window(k: int, h_prev: Tensor | None) -> tuple[Tensor, Tensor]:
+            """Window k from the state entering it: NLL (B, T) and the state leaving it (B, d)."""
             present = None if h_prev is None else ~reset[:, k].to(h_prev.device)
             args = (lm, input_ids[:, k], target[:, k], valid_positions(mask[:, k]), h_prev, present)
-            if checkpoint_windows and torch.is_grad_enabled():
+            if checkpoint_windows and not window_by_window and torch.is_grad_enabled():
                 nll, z = checkpoint(self.window, *args, use_reentrant=False)
             else:
                 nll, z = self.window(*args)
+            return nll, self.ffn(z)
+
+        n_windows = input_ids.shape[1]
+        if window_by_window and torch.is_grad_enabled():
+            modules = {"lm": lm, "recurrence": self}
+            return reverse_window_bptt(modules, window, n_windows, h_prev, input_ids.device)
+        nlls = []
+        for k in range(n_windows):
+            nll, h_prev = window(k, h_prev)
             nlls.append(nll)
-            h_prev = self.ffn(z)
         return torch.stack(nlls, 1), h_prev
 
 
