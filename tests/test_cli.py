@@ -149,6 +149,7 @@ def test_checkpoint_names_with_metric_slashes_are_refused(tmp_path):
         main(quick_args(tmp_path, "--config", str(bad)))
 
 
+@pytest.mark.slow  # an offline W&B run of a fit (~10 s CPU)
 def test_wandb_run_gets_config_git_revision_stable_metric_names_and_min_summaries(tmp_path, monkeypatch):
     """What a dashboard reads, from the local W&B run of a tiny offline fit."""
     monkeypatch.setenv("WANDB_MODE", "offline")

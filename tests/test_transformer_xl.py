@@ -277,6 +277,7 @@ def tiny(**kwargs) -> TransformerXLLM:
     return TransformerXLLM(**{**args, **kwargs}, optimizer=partial(torch.optim.Adam, lr=1e-3))
 
 
+@pytest.mark.slow  # a fit and three evaluations through Lightning (~12 s CPU)
 def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
     data = SyntheticData(n_tokens=1201, batch_size=3, seq_len=16, eval_batch_size=2)
     model = tiny()
