@@ -11,7 +11,9 @@ released code's `init_mems`). A row that starts a new document gets its slots cl
 
 At evaluation the weights do not change, so a layer's memory keys and values (W_K h, W_V h of the
 stored inputs h) can be cached with the memory instead of being projected again every segment (the
-released codes re-project them); that cache is exact and dropped whenever rows are reset.
+released codes re-project them); that cache is exact and dropped whenever rows are reset. Under TRAMS
+with a key-only metric ("code", "paper") each slot's selection score is cached with its key the same
+way (`trams.py`): computed once, when the slot enters the pool, and dropped with the keys.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ class XLMemory(NamedTuple):
     valid: (B, P) bool, the slot holds a real token (False: empty slot of a reset row, masked).
     key, value: per layer (B, H, P, Dh), W_K h and W_V h of `hidden` (the evaluation key/value cache),
         or None (the next segment projects `hidden` again).
+    score: per layer (B, H, P), the TRAMS score of each cached key under the metric of the TRAMS
+        settings that wrote it (the score cache; only with `key`), or None (scored again).
     """
 
     hidden: list[Tensor]
     valid: Tensor
     key: list[Tensor] | None = None
     value: list[Tensor] | None = None
+    score: list[Tensor] | None = None
 
 
 def empty_memory(
@@ -59,10 +64,12 @@ def update_memory(
     inputs: list[Tensor],
     mem_len: int,
     kv: list[tuple[Tensor, Tensor]] | None = None,
+    score: list[Tensor] | None = None,
 ) -> XLMemory:
     """Append each layer's segment input (B, n, d) to its memory and keep the last mem_len slots.
 
-    kv: per layer the keys and values of [memory, segment] (B, H, P + n, Dh) to cache, or None.
+    kv: per layer the keys and values of [memory, segment] (B, H, P + n, Dh) to cache, or None;
+    score: per layer their TRAMS scores (B, H, P + n) to cache (with kv), or None.
     """
     valid = memory.valid
     B, n = inputs[0].shape[:2]
@@ -77,12 +84,15 @@ def update_memory(
         return XLMemory(hidden, new_valid)
     key = [k[:, :, P + n - keep :].detach() for k, _ in kv]
     value = [v[:, :, P + n - keep :].detach() for _, v in kv]
-    return XLMemory(hidden, new_valid, key, value)
+    if score is not None:
+        score = [s[:, :, P + n - keep :].detach() for s in score]
+    return XLMemory(hidden, new_valid, key, value, score)
 
 
 def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:
     """Clear the rows where reset (B,) is True: zero states, masked (zero_fill=False) or attended.
-    A key/value cache is dropped (the next segment projects the memory again)."""
+    A key/value cache and its scores are dropped (the next segment projects and scores the memory
+    again)."""
     reset = reset.to(memory.valid.device)
     hidden = [h.masked_fill(reset[:, None, None], 0.0) for h in memory.hidden]
     return XLMemory(hidden, memory.valid.masked_fill(reset[:, None], zero_fill))

@@ -194,7 +194,9 @@ class TransformerXL(nn.Module):
         for the next segment (the TRAMS pool M under TRAMS); clamp_len: cap of relative positions
         (0 = none); same_length: every query sees min(mem_len, ·) memory keys (m under TRAMS);
         cache_kv: keep the memory's keys and values with it (evaluation only: exact while the weights
-        do not change; no gradient reaches W_K, W_V through cached memory keys)."""
+        do not change; no gradient reaches W_K, W_V through cached memory keys), and under TRAMS with
+        the "code" or "paper" metric each key's score (scored once, when it enters the pool; without
+        cache_kv every segment projects and scores the pool again, as the released code)."""
         n = x.shape[1]
         hiddens, valid = memory.hidden, memory.valid
         if len(hiddens) != self.n_layers:
@@ -204,6 +206,8 @@ class TransformerXL(nn.Module):
         pos_emb = self.drop(sinusoid_positions(P + n, self.d_model, clamp_len, h.device, h.dtype))
         limit = mem_len if same_length else None
         cached = memory.key if cache_kv else None
+        cache_scores = cache_kv and trams is not None and trams.scores_cacheable
+        scores = memory.score if cache_scores and cached is not None else None
         inputs, attns = [], []
         for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
             inputs.append(h)
@@ -220,10 +224,13 @@ class TransformerXL(nn.Module):
                 need_mass=need_mass,
                 need_weights=need_weights,
                 mem_kv=mem_kv,
+                mem_score=scores[i] if scores is not None else None,
+                need_score=cache_scores,
             )
             attns.append(attn)
         kv = [a.kv for a in attns] if cache_kv else None
-        new_memory = update_memory(memory, inputs, mem_len, kv)
+        new_scores = [a.score for a in attns] if cache_scores else None
+        new_memory = update_memory(memory, inputs, mem_len, kv, new_scores)
         return XLOutput(self.drop(h), new_memory, attns)
 
     def nll(self, hidden: Tensor, target: Tensor) -> Tensor:

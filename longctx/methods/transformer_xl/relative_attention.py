@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from longctx.methods.transformer_xl.trams import (
     TramsSettings,
+    gather_slots,
     oracle_scores,
     select_memory,
     trams_scores,
@@ -84,7 +85,8 @@ class AttentionOutput:
     memory keys (None unless asked); selected: (B, H, k) TRAMS-selected pool indices or None; window:
     (B, H, W) the attended positions in [pool, segment] under TRAMS, else None; probs: (B, H, n, W) and
     heads: (B, H, n, Dh) per-head attention vectors (only with `need_weights`); kv: keys and values
-    of [memory, segment] (B, H, P + n, Dh) before any selection (for a key/value cache)."""
+    of [memory, segment] (B, H, P + n, Dh) before any selection (for a key/value cache); score: TRAMS
+    scores of [memory, segment] (B, H, P + n) (only with `need_score`, for the score cache)."""
 
     out: Tensor
     mem_mass: Tensor | None = None
@@ -93,6 +95,7 @@ class AttentionOutput:
     probs: Tensor | None = None
     heads: Tensor | None = None
     kv: tuple[Tensor, Tensor] | None = None
+    score: Tensor | None = None
 
 
 class RelMultiHeadAttention(nn.Module):
@@ -159,12 +162,17 @@ class RelMultiHeadAttention(nn.Module):
         need_mass: bool = False,
         need_weights: bool = False,
         mem_kv: tuple[Tensor, Tensor] | None = None,
+        mem_score: Tensor | None = None,
+        need_score: bool = False,
     ) -> AttentionOutput:
         """x: (B, n, d) segment; mem: (B, P, d) memory (P may be 0); mem_valid: (B, P) bool;
         pos_emb: (klen >= P + n, d) sinusoid of positions klen−1 … 0; r_w_bias, r_r_bias: (H, Dh);
         same_length: keys per query limit (see `window_mask`); trams: attend to a TRAMS window of
         the memory (at most `trams.attended` keys) instead of all of it; mem_kv: the memory's keys
-        and values (B, H, P, Dh) when cached (evaluation), else they are projected from mem."""
+        and values (B, H, P, Dh) when cached (evaluation), else they are projected from mem;
+        mem_score: the TRAMS scores (B, H, P) of the cached keys `mem_kv[0]` (the score cache), else
+        the selectable slots are scored now; need_score: return the scores of [memory, segment]
+        (`AttentionOutput.score`), computing only the segment's when `mem_score` is given."""
         B, n, _ = x.shape
         P = mem.shape[1]
         HD = self.n_heads * self.d_head
@@ -180,10 +188,18 @@ class RelMultiHeadAttention(nn.Module):
             k, v = (self._heads(t) for t in F.linear(cat_in, w_kv).split(HD, dim=-1))
         kv = (k, v)  # (B, H, P + n, Dh), what a key/value cache keeps
         key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, n)], dim=1)[:, None, :]  # (B, 1, P + n)
+        score = None  # (B, H, P + n): each slot scored once, when it enters the pool
+        if need_score:
+            if trams is None or not trams.scores_cacheable:
+                raise ValueError("need_score needs TRAMS with the 'code' or 'paper' metric")
+            fresh = trams_scores(k if mem_score is None else k[:, :, P:], self.query_weight(), trams.metric)
+            score = fresh if mem_score is None else torch.cat([mem_score.to(fresh.dtype), fresh], dim=-1)
+        elif mem_score is not None:
+            score = mem_score
         selected = window = None
         if trams is not None and P > 0:
             selected, window, k, v, key_valid, bd = self._trams_window(
-                q, k, v, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length
+                q, k, v, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length, score
             )
             same_length = trams.attended if same_length is not None else None
         else:
@@ -205,6 +221,7 @@ class RelMultiHeadAttention(nn.Module):
             probs=probs if need_weights else None,
             heads=attn if need_weights else None,
             kv=kv,
+            score=score if need_score else None,
         )
 
     def _trams_window(
@@ -218,16 +235,20 @@ class RelMultiHeadAttention(nn.Module):
         vb: Tensor,
         trams: TramsSettings,
         same_length: int | None,
+        score: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """Select the attended window [selected, kept, segment] of the pool (per batch row and head).
 
-        Returns the selected pool indices (B, H, k), the window positions (B, H, W) and the window's
-        keys, values (B, H, W, Dh), key validity (B, H, W) and, for true positions, the position term
-        (B, H, n, W) (None for compact positions: the caller uses the last W sinusoid rows).
+        score: the slots' TRAMS scores (B, H, >= P − kept) when known (the score cache), else the
+        selectable slots are scored here. Returns the selected pool indices (B, H, k), the window
+        positions (B, H, W) and the window's keys, values (B, H, W, Dh), key validity (B, H, W) and,
+        for true positions, the position term (B, H, n, W) (None for compact positions: the caller
+        uses the last W sinusoid rows). Only the k selected slots are gathered; the kept block and
+        the segment are one slice.
         """
-        B, H, n, Dh = q.shape
+        B, H, n, _ = q.shape
         P = k.shape[2] - n
-        n_selectable = max(P - trams.kept, 0)
+        n_selectable = max(P - trams.kept, 0)  # the older slots; [n_selectable:] = kept + segment
         full_bd = None
         if trams.positions == "true" or trams.metric == "oracle":
             r_full = self._positions(pos_emb, P + n)
@@ -236,16 +257,20 @@ class RelMultiHeadAttention(nn.Module):
             scores = self._scores(q, k, None, full_bd, u, vb)
             probs = self._softmax(scores, window_mask(key_valid, n, same_length))
             metric = oracle_scores(probs, n_selectable)
+        elif score is not None:
+            metric = score[..., :n_selectable]
         else:
             metric = trams_scores(k[:, :, :n_selectable], self.query_weight(), trams.metric)
         # Missing slots (empty memory of a reset row) are never preferred to real ones.
         metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
         selected = select_memory(metric, trams.selected)  # (B, H, k)
         window = window_index(selected, P, trams.kept, n)  # (B, H, W)
-        idx = window[..., None].expand(-1, -1, -1, Dh)
-        k_w, v_w = k.gather(2, idx), v.gather(2, idx)
-        valid_w = key_valid.expand(B, H, -1).gather(2, window)
+        k_w = torch.cat([gather_slots(k, selected), k[:, :, n_selectable:]], dim=2)
+        v_w = torch.cat([gather_slots(v, selected), v[:, :, n_selectable:]], dim=2)
+        valid_sel = key_valid.expand(B, H, -1).gather(2, selected)
+        valid_w = torch.cat([valid_sel, key_valid[..., n_selectable:].expand(B, H, -1)], dim=-1)
         bd = None
         if trams.positions == "true":
-            bd = full_bd.gather(3, window[:, :, None, :].expand(-1, -1, n, -1))
+            bd_sel = full_bd.gather(3, selected[:, :, None, :].expand(-1, -1, n, -1))
+            bd = torch.cat([bd_sel, full_bd[..., n_selectable:]], dim=-1)
         return selected, window, k_w, v_w, valid_w, bd

@@ -15,10 +15,18 @@ the older slots, per layer, head and batch row. What the released code (lwaekfjl
   the last m + n relative position embeddings, i.e. treats the selected tokens as if they sat right
   before the kept block (`positions="compact"`, the default); `positions="true"` keeps their real
   distances instead.
+- A slot's "code" or "paper" score depends only on its key, and the released code recomputes it
+  for every old pool slot at every segment. With the evaluation key/value cache we score a slot once,
+  when it enters the pool, and carry the score with its key and value (`XLMemory.score`); the
+  selection is the same, the cost is H·(Dh² + 2·Dh) per new token instead of per pool slot. Without
+  the key/value cache the keys are projected again every segment, and so scored again (the released
+  computation; the projection dominates that path anyway).
+- Only the k selected slots are gathered: the kept block and the segment stay one slice of the keys.
 - `metric="oracle"` (not in the released code, for analysis): the k older slots with the largest
   attention probability summed over the segment's n queries, where the probabilities are those of
   ordinary XL attention (true relative positions) over the whole pool plus the segment, computed per
-  layer, head and batch row at the layer's actual input.
+  layer, head and batch row at the layer's actual input. It depends on the segment's queries, so it
+  cannot be cached: every segment computes it over the whole pool.
 """
 
 from __future__ import annotations
@@ -58,6 +66,12 @@ class TramsSettings:
         """k, the number of tokens selected from the older pool slots."""
         return self.attended - self.kept
 
+    @property
+    def scores_cacheable(self) -> bool:
+        """Whether a slot's score depends on its key only ("code", "paper"), so that it can be computed
+        once and carried with the key (`XLMemory.score`); the oracle's depends on the queries."""
+        return self.metric != "oracle"
+
 
 def query_gram(w_q: Tensor) -> tuple[Tensor, Tensor]:
     """w_q: (H, Dh, D), each head's query projection. Returns G = W_Q W_Qᵀ (H, Dh, Dh) and
@@ -91,6 +105,20 @@ def select_memory(scores: Tensor, k: int) -> Tensor:
     """Indices of the k best scores along the last dim, in time order: (B, H, S) -> (B, H, k)."""
     k = min(k, scores.shape[-1])
     return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+
+
+def gather_slots(t: Tensor, index: Tensor) -> Tensor:
+    """The rows t[b, h, index[b, h]]: t (B, H, T, Dh), index (B, H, k) -> (B, H, k, Dh).
+
+    A contiguous t (the key/value cache's keys) is read with `index_select` on its flattened rows,
+    which copies whole Dh-sized rows (several times faster on CPU than `gather` with an index expanded
+    over Dh); any other layout (keys projected this segment) falls back to `gather`.
+    """
+    B, H, T, Dh = t.shape
+    if not t.is_contiguous():
+        return t.gather(2, index[..., None].expand(-1, -1, -1, Dh))
+    rows = (torch.arange(B * H, device=t.device).view(B, H, 1) * T + index).flatten()  # (B·H·k,)
+    return t.view(B * H * T, Dh).index_select(0, rows).view(B, H, -1, Dh)
 
 
 def window_index(selected: Tensor, pool: int, kept: int, n: int) -> Tensor:
