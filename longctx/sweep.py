@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
 DEFAULT_ROOT = "runs"  # the CLI's run root when trainer.default_root_dir is not set
@@ -125,25 +126,31 @@ def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
     return len(failed)
 
 
-def check_sweeps(paths: list[Path]) -> dict[str, str]:
+def parse_sweeps(paths: list[Path]) -> dict[str, Any]:
     """Parse every run of the sweep files with the CLI's own parser (configs read, classes and
-    settings validated, nothing instantiated or run). Returns `{"file:run": error}` for the failures.
-    Relative paths in the lines are resolved from the current directory, as when they run."""
+    settings validated, nothing instantiated or run): `{"file:run i": the run's subcommand config, or
+    its error line}`. Relative paths in the lines are resolved from the current directory, as when
+    they run."""
     from longctx.cli import parser_only
 
     parser = parser_only()
-    errors = {}
+    parsed: dict[str, Any] = {}
     for path in paths:
         for index in range(len(run_lines(path))):
-            where = f"{path}:run {index}"
             stderr = io.StringIO()
             try:
                 args = task_arguments(path, index)
                 with contextlib.redirect_stderr(stderr):
-                    parser.parse_args(args)
+                    result = parser.parse_args(args)[args[0]]
             except (ValueError, SystemExit) as err:
-                errors[where] = (stderr.getvalue().strip() or str(err)).splitlines()[-1]
-    return errors
+                result = (stderr.getvalue().strip() or str(err)).splitlines()[-1]
+            parsed[f"{path}:run {index}"] = result
+    return parsed
+
+
+def check_sweeps(paths: list[Path]) -> dict[str, str]:
+    """`{"file:run i": error line}` for the runs of the sweep files that the CLI's parser refuses."""
+    return {where: result for where, result in parse_sweeps(paths).items() if isinstance(result, str)}
 
 
 def main(argv: list[str] | None = None) -> None:

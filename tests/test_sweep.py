@@ -4,6 +4,7 @@ finished ones."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -11,8 +12,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
-from longctx.sweep import SUBCOMMANDS, check_sweeps, run_lines, run_sweep, task_arguments
+from longctx.data.corpora import get_corpus
+from longctx.sweep import SUBCOMMANDS, parse_sweeps, run_lines, run_sweep, task_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "slurm" / "sweeps").glob("*.txt"))
@@ -34,19 +37,50 @@ def test_every_sweep_line_names_a_subcommand_and_existing_configs(sweep):
         assert configs and all((REPO / c).is_file() for c in configs), args
 
 
+def model_shapes(config) -> dict[str, tuple[int, ...]]:
+    """State-dict shapes of the model a parsed run config builds (on the meta device: no memory)."""
+    model = config.model
+    module, _, name = model.class_path.rpartition(".")
+    init = {k: v for k, v in model.init_args.as_dict().items() if k not in ("optimizer", "lr_scheduler")}
+    init["vocab_size"] = get_corpus(config.data.corpus).vocab_size
+    with torch.device("meta"):
+        built = getattr(importlib.import_module(module), name)(**init)
+    return {key: tuple(value.shape) for key, value in built.state_dict().items()}
+
+
 @pytest.mark.slow
-def test_every_sweep_line_parses_with_the_cli_parser(tmp_path, monkeypatch):
+def test_every_sweep_line_parses_and_evaluations_fit_the_checkpoints_they_read(tmp_path, monkeypatch):
     """The whole command line of every run, through the CLI's own parser (configs read, classes and
-    settings type-checked, nothing instantiated): what a SLURM array task would start with."""
+    settings type-checked, nothing run): what a SLURM array task would start with. And an evaluation
+    of a checkpoint that a sweep's `fit` writes (`--ckpt_path runs/<run_name>/...`) builds a model of
+    the same shapes as that fit (the CLI would refuse the checkpoint otherwise); models loaded from
+    `pretrained` (hub weights, none offline) are left out."""
     monkeypatch.chdir(REPO)  # the lines' paths are relative to the repository root
     bad = tmp_path / "bad.txt"
     bad.write_text(
         "test --config configs/quickstart.yaml --model.init_args.d_modle 8\n"
         "evaluate_overlaps --config configs/gpt2_window_tiny.yaml --overlaps '[0, 5]'\n"
     )
-    errors = check_sweeps([*SWEEPS, bad])
+    parsed = parse_sweeps([*SWEEPS, bad])
+    errors = {where: result for where, result in parsed.items() if isinstance(result, str)}
     assert list(errors) == [f"{bad}:run 0"], errors  # every real line parses; the typo is caught
     assert "d_modle" in errors[f"{bad}:run 0"]
+
+    subcommands = {f"{sweep}:run {i}": args[0] for sweep in SWEEPS for i, args in enumerate(run_lines(sweep))}
+    fits = {
+        parsed[where].run_name: parsed[where] for where, command in subcommands.items() if command == "fit"
+    }
+    pairs = []  # (evaluation line, its config, the config of the fit that writes its checkpoint)
+    for where, config in parsed.items():
+        ckpt = Path(config.get("ckpt_path") or ".") if not isinstance(config, str) else Path()
+        trained = fits.get(str(Path(*ckpt.parts[1:-2]))) if ckpt.parts[:1] == ("runs",) else None
+        if trained and not (
+            config.model.init_args.get("pretrained") or trained.model.init_args.get("pretrained")
+        ):
+            pairs.append((where, config, trained))
+    assert len(pairs) >= 5, [where for where, *_ in pairs]
+    for where, evaluation, trained in pairs:
+        assert model_shapes(evaluation) == model_shapes(trained), where
 
 
 FAKE_LONGCTX = """
