@@ -30,9 +30,10 @@ from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.transformer_xl.convert import read_hf_vocab
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.safe_unpickle import UnsafePickleError, load_pickle, load_torch_pickle
+from tests.conftest import shared_dir, skip_without_shared
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "authors_checkpoints"
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is absent")
+FIXTURES = shared_dir() / "fixtures" / "authors_checkpoints"
+pytestmark = skip_without_shared("fixtures", "authors_checkpoints")
 ADAPTIVE = FIXTURES / "adaptive_span"
 RTOL = 1e-5
 
