@@ -159,7 +159,11 @@ def main(argv: list[str] | None = None) -> None:
         parser = argparse.ArgumentParser(prog="python -m longctx.sweep run", description=run_sweep.__doc__)
         parser.add_argument("sweep_file", type=Path)
         args = parser.parse_args(argv[1:])
-        sys.exit(1 if run_sweep(args.sweep_file) else 0)
+        try:
+            failed = run_sweep(args.sweep_file)
+        except KeyboardInterrupt:
+            sys.exit(f"sweep {args.sweep_file} interrupted: the same command continues it")
+        sys.exit(1 if failed else 0)
     if argv[:1] == ["check"]:
         parser = argparse.ArgumentParser(
             prog="python -m longctx.sweep check", description=check_sweeps.__doc__

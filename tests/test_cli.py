@@ -206,6 +206,12 @@ def test_a_models_init_error_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(quick_args(tmp_path, "--model.init_args.span_loss", "-1"))
     assert exit_info.value.code == "error: model: AdaptiveSpanLM: span_loss (λ) must be >= 0, got -1.0"
+    with pytest.raises(SystemExit) as exit_info:
+        main(quick_args(tmp_path, "--data.batch_size", "0"))
+    message = str(exit_info.value.code)
+    assert (
+        message.startswith("error: data: LMDataModule: ") and "batch_size" in message and "\n" not in message
+    )
 
 
 def test_missing_checkpoint_file_is_an_error(tmp_path):
