@@ -2,7 +2,8 @@
 materialised d_model-sized K′, the layer against a re-statement of the released code's computation,
 and the invariants: selecting everything is XL over the whole pool, the output is XL attention over
 the [selected, kept, segment] window, k = 0 is XL with memory m, the pool is XL's memory, the oracle
-picks the largest attention mass."""
+picks the largest attention mass; the score cache (each slot scored once, carried with its key)
+selects and outputs as scoring the pool every segment."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from longctx.methods.transformer_xl.flops import macs_per_token
+from longctx.methods.transformer_xl.memory import reset_memory_rows
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
@@ -20,6 +22,7 @@ from longctx.methods.transformer_xl.relative_attention import (
 )
 from longctx.methods.transformer_xl.trams import (
     TramsSettings,
+    gather_slots,
     query_gram,
     select_memory,
     trams_scores,
@@ -268,3 +271,98 @@ def test_trams_macs_per_token_by_hand():
     assert macs_per_token(**sizes, memory_length=32, cache_kv=True, trams=trams, scored_per_segment=15) == (
         macs * 16 / 15
     )
+
+
+# ---------------------------------------------------------------------------------- the score cache
+def test_gather_slots_equals_gather_for_any_layout():
+    torch.manual_seed(0)
+    index = torch.tensor([[[0, 3], [1, 2], [4, 5]], [[2, 5], [0, 1], [3, 4]]])  # (B, H, k)
+    for t in (torch.randn(2, H, 6, DH), torch.randn(2, 6, H, DH).transpose(1, 2)):  # contiguous or not
+        expected = t.gather(2, index[..., None].expand(-1, -1, -1, DH))
+        assert torch.equal(gather_slots(t, index), expected)
+
+
+def score_cache_streams(model, x, memory, settings, mem_len, resets):
+    """Run the segments of x three ways and yield each segment's outputs: with the score cache
+    (`cache_kv`), with the key/value cache but every pool slot scored again (the computation before
+    the score cache), and with neither (the memory projected and scored again, the released code)."""
+    cached = rescored = plain = memory
+    for s in range(x.shape[1] // 4):
+        seg = x[:, 4 * s : 4 * s + 4]
+        a = model(seg, cached, mem_len=mem_len, trams=settings, cache_kv=True)
+        b = model(seg, rescored._replace(score=None), mem_len=mem_len, trams=settings, cache_kv=True)
+        c = model(seg, plain, mem_len=mem_len, trams=settings)
+        yield a, b, c
+        cached, rescored, plain = a.memory, b.memory, c.memory
+        if s in resets:
+            zero_fill = resets[s]
+            cached, rescored, plain = (
+                reset_memory_rows(m, torch.tensor([True, False]), zero_fill)
+                for m in (cached, rescored, plain)
+            )
+            assert cached.key is None and cached.score is None  # dropped with the keys
+
+
+@pytest.mark.parametrize(
+    ("metric", "positions", "pre_lnorm", "first"),
+    [
+        ("code", "compact", False, "zero"),
+        ("code", "true", False, "empty"),
+        ("paper", "compact", True, "empty"),
+        ("paper", "true", True, "zero"),
+        ("code", "compact", True, "zero"),
+    ],
+)
+def test_score_cache_selects_and_outputs_as_scoring_every_segment(metric, positions, pre_lnorm, first):
+    torch.manual_seed(0)
+    model = TransformerXL(40, 2, D, H, 20, dropout=0.0, pre_lnorm=pre_lnorm).double().eval()
+    x = torch.randint(0, 40, (2, 32))
+    settings = TramsSettings(8, 4, metric, positions)
+    zero_fill = first == "zero"  # TRAMS's protocol (zero-filled pool) or XL's (empty memory)
+    memory = model.zero_memory(2, 16) if zero_fill else model.empty_memory(2)
+    resets = {2: zero_fill, 5: zero_fill}  # row 0 starts a document after segments 2 and 5
+    for a, b, c in score_cache_streams(model, x, memory, settings, 16, resets):
+        for cached, rescored, plain in zip(a.attn, b.attn, c.attn):
+            if cached.selected is not None or plain.selected is not None:
+                assert torch.equal(cached.selected, rescored.selected)
+                assert torch.equal(cached.selected, plain.selected)
+        assert torch.equal(a.hidden, b.hidden)  # same keys, same selection: the same computation
+        torch.testing.assert_close(a.hidden, c.hidden)
+        # The carried scores are those of the carried keys.
+        for layer, key, score in zip(model.layers, a.memory.key, a.memory.score):
+            assert score.shape == key.shape[:3]
+            torch.testing.assert_close(score, trams_scores(key, layer.attn.query_weight(), metric))
+
+
+def test_score_cache_scores_only_the_segment_once_the_pool_is_cached(monkeypatch):
+    from longctx.methods.transformer_xl import relative_attention
+
+    scored = []
+
+    def recording_scores(k, w_q, metric="code"):
+        scored.append(k.shape[2])
+        return trams_scores(k, w_q, metric)
+
+    monkeypatch.setattr(relative_attention, "trams_scores", recording_scores)
+    model, x = network(), torch.randint(0, 40, (2, 16))
+    memory, settings = model.zero_memory(2, 16), TramsSettings(8, 4)
+    for s in range(4):
+        memory = model(x[:, 4 * s : 4 * s + 4], memory, mem_len=16, trams=settings, cache_kv=True).memory
+    # Segment 0 scores the zero-filled pool and the segment (16 + 4 keys), later ones their 4 new keys.
+    assert scored == [20, 20] + [4, 4] * 3
+    scored.clear()
+    model(x[:, :4], memory, mem_len=16, trams=settings)  # no key/value cache: the 16 − 4 older slots
+    assert scored == [12, 12]
+
+
+def test_oracle_is_not_cached_and_needs_no_score():
+    model, x = network(), torch.randint(0, 40, (2, 8))
+    memory = model.zero_memory(2, 16)
+    for s in range(2):
+        memory = model(
+            x[:, 4 * s : 4 * s + 4], memory, mem_len=16, trams=TramsSettings(8, 4, "oracle"), cache_kv=True
+        ).memory
+        assert memory.key is not None and memory.score is None
+    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
+    with pytest.raises(ValueError, match="need_score needs TRAMS with the 'code' or 'paper' metric"):
+        attn(x, mem, valid, pos, u, v, trams=TramsSettings(7, 3, "oracle"), need_score=True)
