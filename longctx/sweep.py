@@ -88,12 +88,14 @@ def local_run(path: Path, index: int, args: list[str]) -> tuple[list[str], Path]
 
 
 def finished(run_dir: Path, subcommand: str) -> bool:
-    """Whether the run directory's summary says `subcommand` ran to its end."""
+    """Whether the run directory's summary says `subcommand`'s last run there ran to its end (its
+    `statuses` keeps each subcommand's, so a `fit` line and a `test` line may share a directory)."""
     try:
         summary = json.loads((run_dir / SUMMARY).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    return summary.get("status") == "finished" and summary.get("subcommand") == subcommand
+    latest = {summary.get("subcommand"): summary.get("status")}
+    return {**latest, **summary.get("statuses", {})}.get(subcommand) == "finished"
 
 
 def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:

@@ -96,9 +96,10 @@ run_dir.mkdir(parents=True, exist_ok=True)
 """
 
 
-def write_summary(run_dir: Path, status: str, subcommand: str) -> None:
+def write_summary(run_dir: Path, status: str, subcommand: str, **statuses: str) -> None:
     run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps({"status": status, "subcommand": subcommand}))
+    summary = {"status": status, "subcommand": subcommand, "statuses": {**statuses, subcommand: status}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
 def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_path, monkeypatch, capsys):
@@ -116,6 +117,8 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
             test --config a.yaml --run_name=broken --fail
             # fit finished in this directory, but this line is a test: it runs
             test --config a.yaml --run_name done_fit
+            # a test ran in this directory after the fit finished: the fit line is skipped
+            fit --config a.yaml --run_name fit_then_test
             # failed earlier: runs again
             validate --config a.yaml --run_name retry --trainer.default_root_dir runs
             """
@@ -124,6 +127,7 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
     write_summary(tmp_path / "runs/done", "finished", "fit")
     write_summary(tmp_path / "runs/done_fit", "finished", "fit")
     write_summary(tmp_path / "runs/retry", "failed", "validate")
+    write_summary(tmp_path / "runs/fit_then_test", "finished", "test", fit="finished")
     launcher = [sys.executable, str(fake)]
 
     assert run_sweep(sweep, launcher) == 1  # the --fail line
@@ -135,9 +139,10 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
         ["validate", "--config", "a.yaml", "--run_name", "retry", "--trainer.default_root_dir", "runs"],
     ]
     out = capsys.readouterr().out
-    assert f"[1/5] {Path('runs/done')}: finished earlier, skipped" in out
-    assert f"[3/5] {Path('runs/broken')}: FAILED (exit 3)" in out
-    assert "sweep" in out and "4 of 5 runs finished; failed: lines 2" in out
+    assert f"[1/6] {Path('runs/done')}: finished earlier, skipped" in out
+    assert f"[3/6] {Path('runs/broken')}: FAILED (exit 3)" in out
+    assert f"[5/6] {Path('runs/fit_then_test')}: finished earlier, skipped" in out
+    assert "sweep" in out and "5 of 6 runs finished; failed: lines 2" in out
 
     (tmp_path / "calls.jsonl").unlink()
     assert run_sweep(sweep, launcher) == 1  # restarted: only the failed line runs again
