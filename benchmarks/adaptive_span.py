@@ -6,14 +6,19 @@ For each maximum span S, one run measures, on the same network and the same data
   attends to 128 positions after the code's trimming, its cache holds 192 states);
 - `adaptive-mixed`: the paper's pattern (its Figure 4): small spans in the lower layers, and in the
   last layer one head at z = S/4 (that layer attends S/4 + R, rounded up to 64 positions);
+- `adaptive-small-layer`, `adaptive-mixed-layer`: the same spans trimmed per layer as in the released
+  code (`span_trim="layer"`, the reference); the two above trim per head (`span_trim="head"`, the
+  default), where only the long head of `adaptive-mixed` pays for its span;
 and prints tokens/s, peak memory and the ratios to `fixed` at the same S. A training step is the
 forward pass over one block with the carried cache, the loss with the span penalty, the backward
 pass, a ClippedAdagrad step and the clamping of z'.
 
 Speed: the variants of one S are built in one process and stepped in turns (round robin), and each
 reports its median step time, so that a machine whose load changes during the run (shared CPUs)
-slows every variant alike. Memory: every configuration runs alone in its own process, so that its
-peak resident memory (VmHWM minus the resident memory before the first step) is its own.
+slows every variant alike. The goal ratios (issue 15: mixed ÷ small per head ≤ 1.3; per head no
+slower than per layer at equal spans) are taken round by round and printed as min and median.
+Memory: every configuration runs alone in its own process, so that its peak resident memory
+(VmHWM minus the resident memory before the first step) is its own.
 
 Then the cost per token of the paper's models against its Tables 1-2: the paper's #FLOPS counts
 multiply-accumulates (`macs_per_token`); longctx logs FLOPs = 2 × MACs (`flops_per_token`,
@@ -40,9 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from longctx.methods.adaptive_span.flops import flops_per_token, macs_per_token, parameter_count
 from longctx.methods.adaptive_span.network import SpanTransformer
+from longctx.models.base import detach_memory
 from longctx.optim.adagrad import ClippedAdagrad
 
-VARIANTS = ("fixed", "adaptive-small", "adaptive-mixed")
+VARIANTS = ("fixed", "adaptive-small", "adaptive-mixed", "adaptive-small-layer", "adaptive-mixed-layer")
+LAYER_SUFFIX = "-layer"  # the released code's per-layer trimming
 SMALL_SPAN = 40.0
 
 
@@ -51,7 +58,7 @@ def head_spans(variant: str, S: int, n_layers: int, n_heads: int) -> list[list[f
     if variant == "fixed":
         return None
     spans = [[SMALL_SPAN] * n_heads for _ in range(n_layers)]
-    if variant == "adaptive-mixed":
+    if variant.removesuffix(LAYER_SUFFIX) == "adaptive-mixed":
         spans[-1][0] = S / 4
     return spans
 
@@ -73,6 +80,7 @@ class Runner:
         torch.manual_seed(0)
         S, n_layers, n_heads = config["S"], config["n_layers"], config["n_heads"]
         self.spans = head_spans(variant, S, n_layers, n_heads)
+        self.trim = "layer" if variant.endswith(LAYER_SUFFIX) or self.spans is None else "head"
         self.net = SpanTransformer(
             vocab_size=256,
             d_model=config["d_model"],
@@ -84,6 +92,7 @@ class Runner:
             span="fixed" if self.spans is None else "adaptive",
             span_ramp=32,
             chunk_size=config["chunk_size"],
+            span_trim=self.trim,
         )
         if self.spans is not None:
             with torch.no_grad():
@@ -103,6 +112,8 @@ class Runner:
             span_ramp=32,
             attn_span=S,
             attended="trimmed",
+            block=config["block"],
+            trim=self.trim,
         )
 
     def step(self) -> float:
@@ -117,7 +128,7 @@ class Runner:
         loss.backward()
         self.optimizer.step()
         self.net.clamp_spans_()
-        self.cache = [c.detach() for c in out.cache]
+        self.cache = detach_memory(out.cache)
         self.attended = out.attended
         return time.perf_counter() - start
 
@@ -161,10 +172,28 @@ def measure_speed(config: dict, variants: list[str]) -> dict[str, dict]:
             "step_times": times[variant],
             "tokens_per_s": runner.B * runner.M / step_time,
             "attended": runner.attended,
-            "cache": [c.shape[1] for c in runner.cache],
+            "cache": [c.shape[1] for c in runner.cache.h_cache],
             "flops_per_token": runner.flops,
         }
     return results
+
+
+def print_goal_ratios(speed: dict[str, dict]) -> None:
+    """Step-time ratios taken round by round (same machine load), as min and median over rounds."""
+    pairs = [
+        ("adaptive-mixed", "adaptive-small", "per head: mixed ÷ small step time (goal ≤ 1.3)"),
+        ("adaptive-mixed-layer", "adaptive-small", "per layer: mixed ÷ small step time"),
+        ("adaptive-small", "adaptive-small-layer", "equal spans: per head ÷ per layer (goal ≤ 1)"),
+        ("adaptive-mixed", "adaptive-mixed-layer", "mixed spans: per head ÷ per layer"),
+    ]
+    for a, b, label in pairs:
+        if a in speed and b in speed:
+            ratios = [x / y for x, y in zip(speed[a]["step_times"], speed[b]["step_times"], strict=True)]
+            print(
+                f"{'':>6} {label}: min {min(ratios):.3f}, median {statistics.median(ratios):.3f} "
+                f"({len(ratios)} rounds)",
+                flush=True,
+            )
 
 
 def paper_flops() -> list[dict]:
@@ -211,16 +240,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds")
     parser.add_argument("--steps", type=int, default=5, help="timed rounds (median)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--no_memory", action="store_true", help="skip the peak-memory processes")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
 
-    base = {k: v for k, v in vars(args).items() if k not in ("spans", "variants", "json")}
+    base = {k: v for k, v in vars(args).items() if k not in ("spans", "variants", "json", "no_memory")}
     print(
         f"model: {args.n_layers} layers, d={args.d_model}, {args.n_heads} heads, inner {args.d_inner}; "
         f"block {args.block} × batch {args.batch}; {args.threads} threads; torch {torch.__version__}"
     )
     header = (
-        f"{'S':>6} {'variant':>15} {'attended/layer':>22} {'tokens/s':>9} {'speed-up':>8} "
+        f"{'S':>6} {'variant':>20} {'attended/layer':>22} {'tokens/s':>9} {'speed-up':>8} "
         f"{'peak MB':>8} {'mem ratio':>9} {'MFLOPs/tok':>10} {'FLOPs ratio':>11}"
     )
     print(header)
@@ -228,7 +258,10 @@ def main() -> None:
     results = []
     for S in args.spans:
         config = {**base, "S": S}
-        memory = {v: peak_memory_mb({**config, "variant": v}) for v in args.variants}
+        memory = {
+            v: float("nan") if args.no_memory else peak_memory_mb({**config, "variant": v})
+            for v in args.variants
+        }
         speed = measure_speed(config, args.variants)
         for variant in args.variants:
             speed[variant]["peak_mem_mb"] = memory[variant]
@@ -240,10 +273,11 @@ def main() -> None:
             mem = fixed["peak_mem_mb"] / r["peak_mem_mb"] if fixed else float("nan")
             flops = fixed["flops_per_token"] / r["flops_per_token"] if fixed else float("nan")
             print(
-                f"{S:>6} {variant:>15} {r['attended']!s:>22} {r['tokens_per_s']:>9.0f} {up:>7.2f}× "
+                f"{S:>6} {variant:>20} {r['attended']!s:>22} {r['tokens_per_s']:>9.0f} {up:>7.2f}× "
                 f"{r['peak_mem_mb']:>8.0f} {mem:>8.2f}× {r['flops_per_token'] / 1e6:>10.2f} {flops:>10.2f}×",
                 flush=True,
             )
+        print_goal_ratios(speed)
     print("\nspeed-up = tokens/s ÷ fixed's at the same S; mem ratio = fixed's peak ÷ this peak;")
     print("FLOPs ratio = fixed's FLOPs/token ÷ this one (counted over the attended, trimmed positions).\n")
 

@@ -6,6 +6,13 @@ current block. Logits are content q·k plus a learned key position embedding q·
 shared by all layers and heads). With a span mask (`AdaptiveMask`, `DynamicSpan`) L is trimmed to the
 largest span of the layer plus the ramp, so the cost falls with the spans.
 
+Trimming per head (`span_trim="head"`, adaptive spans): the released code trims per layer, so one long
+head makes all heads of its layer attend (and project keys and values for) its span. Here heads with
+the same trimmed length L_h (their own span + R, rounded up to 64 as in the code) form a group that
+projects keys/values for, and attends to, its L_h previous positions only. The positions skipped have
+mask exactly 0, so outputs and gradients equal the per-layer trimming up to the renormalisation's
+1e-8 (and dropout, which draws its mask per group). The layer's cache is unchanged (largest span).
+
 The band of L keys per query is computed exactly, block by block: queries are cut into chunks of c
 positions, each chunk reads the L + c keys that cover its band, and the code's "skew" turns those
 c × (L + c) content logits into the c × L band. c = M is the released code's formulation (cost
@@ -24,6 +31,7 @@ from torch import Tensor, nn
 from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, renormalise
 
 SpanKind = Literal["fixed", "adaptive", "dynamic"]
+SpanTrim = Literal["layer", "head"]
 
 
 def unskew(x: Tensor) -> Tensor:
@@ -116,14 +124,17 @@ class SpanAttention(nn.Module):
         span_init: float = 0.0,
         dynamic_bias_init: float = -4.0,
         chunk_size: int = 64,
+        span_trim: SpanTrim = "head",
     ) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if span not in ("fixed", "adaptive", "dynamic"):
             raise ValueError(f"span must be 'fixed', 'adaptive' or 'dynamic', got {span!r}")
+        if span_trim not in ("layer", "head"):
+            raise ValueError(f"span_trim must be 'layer' (the released code) or 'head', got {span_trim!r}")
         self.n_heads, self.head_dim, self.S, self.span = n_heads, d_model // n_heads, attn_span, span
-        self.chunk_size = chunk_size
+        self.chunk_size, self.span_trim = chunk_size, span_trim
         self.proj_query = nn.Linear(d_model, d_model, bias=False)
         self.proj_key = nn.Linear(d_model, d_model, bias=False)
         self.proj_val = nn.Linear(d_model, d_model, bias=False)
@@ -150,19 +161,32 @@ class SpanAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
+    def head_groups(self) -> list[tuple[int, list[int]]]:
+        """Heads of an adaptive layer grouped by their own trimmed length L_h: (L_h, heads), longest first."""
+        groups: dict[int, list[int]] = {}
+        for head, length in enumerate(self.adaptive_mask.head_attended_lengths()):
+            groups.setdefault(length, []).append(head)
+        return sorted(groups.items(), reverse=True)
+
     def forward(self, h: Tensor, h_cache: Tensor, key_pe: Tensor) -> tuple[Tensor, Tensor | None, int]:
         """h: (B, M, d) block; h_cache: (B, C, d) previous hidden states; key_pe: (Dh, S).
 
-        Returns the output (B, M, d), the dynamic spans z_t (B, H, M) or None, and the attended length L.
+        Returns the output (B, M, d), the dynamic spans z_t (B, H, M) or None, and the attended length L
+        (the layer's, i.e. its longest head's).
         """
         B, M, d = h.shape
         z_t = self.dynamic_span(h) if self.dynamic_span is not None else None
         L = self.dynamic_span.attended_length(z_t) if z_t is not None else self.attended_length()
+        per_head = self.adaptive_mask is not None and self.span_trim == "head"
+        groups = self.head_groups() if per_head else []  # every L_h <= L
         C = h_cache.shape[1]
         # A cache shorter than the span is left-padded with zeros, as in the code (zero states give
         # zero keys and values: the projections have no bias).
         h_prev = h_cache[:, C - L :] if C >= L else F.pad(h_cache, (0, 0, L - C, 0))  # (B, L, d)
         h_all = torch.cat([h_prev, h], dim=1)  # (B, L + M, d)
+        if len(groups) > 1:
+            out = self._grouped_heads(h, h_all, key_pe, groups)  # (B, H, M, Dh)
+            return self.proj_out(out.transpose(1, 2).reshape(B, M, d)), z_t, L
         q = self._heads(self.proj_query(h))
         k = self._heads(self.proj_key(h_all))
         v = self._heads(self.proj_val(h_all))
@@ -175,3 +199,30 @@ class SpanAttention(nn.Module):
         out = band_attention(q, k, v, key_pe[:, self.S - L :], mask, self.dropout, self.chunk_size)
         out = out.transpose(1, 2).reshape(B, M, d)
         return self.proj_out(out), z_t, L
+
+    def _grouped_heads(
+        self, h: Tensor, h_all: Tensor, key_pe: Tensor, groups: list[tuple[int, list[int]]]
+    ) -> Tensor:
+        """Attention per group of heads over the group's own L_h previous positions: (B, H, M, Dh).
+
+        h: (B, M, d); h_all: (B, L + M, d), L = the longest group's L_h; key_pe: (Dh, S).
+        """
+        B, M, _ = h.shape
+        L, Dh, device = h_all.shape[1] - M, self.head_dim, h.device
+        q_all = self.proj_query(h).view(B, M, self.n_heads, Dh)  # (B, M, H, Dh)
+        w_key = self.proj_key.weight.view(self.n_heads, Dh, -1)  # (H, Dh, d): head h's output rows
+        w_val = self.proj_val.weight.view(self.n_heads, Dh, -1)
+        outs, order = [], []
+        for L_h, heads in groups:
+            idx = torch.tensor(heads, device=device)  # (Hg,)
+            x = h_all[:, L - L_h :]  # (B, L_h + M, d): only the positions this group attends
+            k = F.linear(x, w_key.index_select(0, idx).flatten(0, 1))  # (B, L_h + M, Hg·Dh)
+            v = F.linear(x, w_val.index_select(0, idx).flatten(0, 1))
+            k, v = (t.view(B, L_h + M, len(heads), Dh).transpose(1, 2) for t in (k, v))  # (B, Hg, ., Dh)
+            q = q_all.index_select(2, idx).transpose(1, 2)  # (B, Hg, M, Dh)
+            mask = self.adaptive_mask.mask(L_h).index_select(0, idx)[None, :, None, :]  # (1, Hg, 1, L_h)
+            pe = key_pe[:, self.S - L_h :]  # (Dh, L_h)
+            outs.append(band_attention(q, k, v, pe, mask, self.dropout, self.chunk_size))  # (B, Hg, M, Dh)
+            order += heads
+        inverse = torch.argsort(torch.tensor(order, device=device))  # grouped order -> head order
+        return torch.cat(outs, dim=1).index_select(1, inverse)  # (B, H, M, Dh)

@@ -20,6 +20,10 @@ is what the per-layer trimming computes: the layer's largest span plus R rounded
 `block` (the block length M) adds what the released code and longctx also compute: every block
 projects the keys and values of the L cached states again (2·d²·L/M per token, L the layer's
 trimmed attended length). The paper's count leaves it out (`block=None`).
+
+`trim="head"` counts what `span_trim="head"` computes: each head over its own trimmed length L_h (its
+span + R rounded up to 64, `attended="trimmed"`), and each head re-projects only its L_h cached
+states (2·d·Dh·Σ_h L_h / M per token with `block`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def macs_per_token(
     attn_span: int | None = None,
     attended: Literal["mask", "trimmed"] = "mask",
     block: int | None = None,
+    trim: Literal["layer", "head"] = "layer",
 ) -> float:
     """Multiply-accumulates to predict one token (forward pass), the paper's #FLOPS.
 
@@ -57,26 +62,29 @@ def macs_per_token(
             per-layer trimming computes (largest span of the layer + R, rounded up to 64, all heads).
         block: the block length M, to count the re-projection of the cached keys and values every
             block; None: the paper's count, without it.
+        trim: "layer" (the released code: every head of a layer over the layer's trimmed length) or
+            "head" (each head over its own): what `attended="trimmed"` and `block` count.
     """
     per_layer = _per_layer_spans(spans, n_layers)
     if attended == "trimmed" and attn_span is None:
         raise ValueError("attended='trimmed' needs attn_span (S)")
     total = 0.0
+    if trim == "head" and attn_span is None:
+        raise ValueError("trim='head' needs attn_span (S)")
     for heads in per_layer:
+        trimmed = [attended_length(max(heads), attn_span, span_ramp)] * len(heads) if attn_span else []
+        if trim == "head":
+            trimmed = [attended_length(h, attn_span, span_ramp) for h in heads]
         if attended == "trimmed":
-            head_spans = [attended_length(max(heads), attn_span, span_ramp)] * len(heads)
+            head_spans = trimmed
         else:
             head_spans = [h + span_ramp for h in heads]
             if attn_span is not None:
                 head_spans = [min(s, attn_span) for s in head_spans]
         # Σ_h Dh·span_h with Dh = d / H: d times the mean head span.
         total += 4 * d_model**2 + 2 * d_model * d_inner + 3 * d_model * sum(head_spans) / len(head_spans)
-        if block is not None:  # the layer projects its L cached states again: L = the trimmed length
-            L = (
-                attended_length(max(heads), attn_span, span_ramp)
-                if attn_span is not None
-                else max(head_spans)
-            )
+        if block is not None:  # the cached states are projected again: L = the trimmed length
+            L = sum(trimmed) / len(trimmed) if trimmed else max(head_spans)  # mean over heads
             total += 2 * d_model**2 * L / block
     return total + d_model * vocab_size
 

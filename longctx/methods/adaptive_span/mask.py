@@ -89,6 +89,13 @@ class AdaptiveMask(nn.Module):
         """Previous positions this layer attends to now (the code's S - trim_len)."""
         return attended_length(float(self.z.detach().max()), self.S, self.R)
 
+    def head_attended_lengths(self) -> list[int]:
+        """Per head, the previous positions its own span needs (the code's rounding to 64, per head).
+
+        Beyond them the head's mask is exactly 0, so attending only these is exact (`span_trim="head"`).
+        """
+        return [attended_length(z, self.S, self.R) for z in self.z.detach().tolist()]
+
     def cache_size(self) -> int:
         """Previous hidden states to keep for the next block: attended length + 64, at most S."""
         return min(self.S, self.attended_length() + CACHE_MARGIN)

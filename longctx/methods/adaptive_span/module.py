@@ -35,7 +35,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from longctx.methods.adaptive_span import flops as span_flops
-from longctx.methods.adaptive_span.attention import SpanKind
+from longctx.methods.adaptive_span.attention import SpanKind, SpanTrim
 from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
 from longctx.methods.adaptive_span.memory import SpanCache
@@ -58,6 +58,9 @@ class AdaptiveSpanLM(LMBase):
         span_init: initial z' (code: 0).
         dynamic_bias_init: b at init for dynamic spans (paper: -4).
         chunk_size: query chunk of the exact band attention (the cost is M·(L + chunk)).
+        span_trim: "head": each head attends (and projects keys/values for) its own trimmed span, so
+            the cost follows every head's span; "layer": the released code's per-layer trimming, where
+            the longest head sets the cost of its layer. Equal outputs (the skipped mask is exactly 0).
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
@@ -80,6 +83,7 @@ class AdaptiveSpanLM(LMBase):
         span_init: float = 0.0,
         dynamic_bias_init: float = -4.0,
         chunk_size: int = 64,
+        span_trim: SpanTrim = "head",
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -106,6 +110,7 @@ class AdaptiveSpanLM(LMBase):
             span_init=span_init,
             dynamic_bias_init=dynamic_bias_init,
             chunk_size=chunk_size,
+            span_trim=span_trim,
         )
         self.span_loss = span_loss
         self._last_spans: list[Tensor] = []
@@ -187,13 +192,15 @@ class AdaptiveSpanLM(LMBase):
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per token with each head over its own span (z + R, at most S; `flops.py`),
-        counting the re-projection of the cached states every block of `segment_length` tokens."""
+        counting the re-projection of the cached states every block of `segment_length` tokens (per
+        layer or per head, as `span_trim` computes it)."""
         h = self.hparams
         spans = [z.tolist() for z in self.head_spans()]
         ramp = 0 if h.span == "fixed" else h.span_ramp
         return span_flops.flops_per_token(
-            h.d_model, h.n_layers, h.d_inner, self.vocab_size, spans, ramp, h.attn_span, block=segment_length
-        )
+            h.d_model, h.n_layers, h.d_inner, self.vocab_size, spans, ramp, h.attn_span,
+            block=segment_length, trim=h.span_trim if h.span == "adaptive" else "layer",
+        )  # fmt: skip
 
     def configure_callbacks(self) -> list[pl.Callback]:
         """The span figure (paper Figure 4) for every run with learned spans; see `figures.py`."""

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind
+from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind, SpanTrim
 from longctx.methods.adaptive_span.memory import SpanCache
 
 
@@ -74,6 +74,8 @@ class SpanTransformer(nn.Module):
         span: "adaptive" (§2.2), "dynamic" (§2.2, z_t = S·σ(vᵀx_t + b)) or "fixed" (no mask).
         span_ramp: R; span_init: initial z'; dynamic_bias_init: b at init (paper: -4).
         chunk_size: query chunk of the exact band attention (see `span_attention`).
+        span_trim: "head" (each head attends its own trimmed span; exact) or "layer" (the released
+            code: every head of a layer attends the layer's largest span; the reference).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class SpanTransformer(nn.Module):
         span_init: float = 0.0,
         dynamic_bias_init: float = -4.0,
         chunk_size: int = 64,
+        span_trim: SpanTrim = "head",
     ) -> None:
         super().__init__()
         self.d_model, self.span = d_model, span
@@ -104,6 +107,7 @@ class SpanTransformer(nn.Module):
             span_init=span_init,
             dynamic_bias_init=dynamic_bias_init,
             chunk_size=chunk_size,
+            span_trim=span_trim,
         )
         self.layers = nn.ModuleList(
             SpanBlock(d_model, n_heads, d_inner, attn_span, dropout, **span_kwargs) for _ in range(n_layers)
