@@ -412,9 +412,11 @@ def test_tiny_trainer_run_export_and_reload_as_pretrained(tmp_path):
     trainer.fit(m, datamodule=data)
     metrics = trainer.callback_metrics
     assert math.isfinite(float(metrics["train/loss"])) and float(metrics["val/ppl"]) > 1
-    expected = hf_model_flops_per_scored_token(m.lm, 8, 2)
-    # By hand: N = 2·d·n_layer·(2·d + 4·d) = 49,152 (d = 32, 4 layers); (2N + 2·n_layer·T·d)·T/(T − o).
-    assert expected == (2 * 49_152 + 2 * 4 * 8 * 32) * 8 / 6
+    expected = hf_model_flops_per_scored_token(m.lm, 8, 2, output_layer=True)
+    # By hand: N = 2·d·n_layer·(2·d + 4·d) = 49,152 (d = 32, 4 layers), plus the LM head d·V
+    # (V = m.vocab_size); (2N + 2·n_layer·T·d)·T/(T − o).
+    n_params = 49_152 + 32 * m.lm.config.vocab_size
+    assert expected == (2 * n_params + 2 * 4 * 8 * 32) * 8 / 6
     assert float(metrics["val/flops_per_token"]) == pytest.approx(expected, rel=1e-6)
     ckpt = tmp_path / "last.ckpt"
     trainer.save_checkpoint(ckpt)

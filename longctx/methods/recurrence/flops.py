@@ -49,11 +49,20 @@ def flops_per_scored_token(
     return forward_flops_per_token(n_params, n_layers, window, d_model) * window / (window - overlap)
 
 
-def hf_model_flops_per_scored_token(lm: nn.Module, window: int, overlap: int = 0) -> float:
-    """The formula for a Hugging Face GPT-2-style model, N from its config (Kaplan's count)."""
+def hf_model_flops_per_scored_token(
+    lm: nn.Module, window: int, overlap: int = 0, output_layer: bool = False
+) -> float:
+    """The formula for a Hugging Face GPT-2-style model, N from its config (Kaplan's count).
+
+    `output_layer=False` is the paper's table (Kaplan's N leaves the LM head out); True adds the
+    LM head's d·V multiply-accumulates per computed position, as the other methods' counts include
+    their output layer (`longctx.flops`), so head-to-head numbers compare like with like.
+    """
     config = lm.config
     d_model = int(config.hidden_size)
     n_layers = int(config.num_hidden_layers)
     d_ff = getattr(config, "n_inner", None) or getattr(config, "intermediate_size", None) or 4 * d_model
     n_params = kaplan_non_embedding_params(n_layers, d_model, int(d_ff))
+    if output_layer:
+        n_params += d_model * int(config.vocab_size)
     return flops_per_scored_token(n_params, n_layers, window, d_model, overlap)

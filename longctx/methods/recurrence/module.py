@@ -175,9 +175,12 @@ class RecurrentGPT2LM(LMBase):
         return StepOutput(nll=nll, memory=memory)
 
     def flops_per_token(self, segment_length: int) -> float:
-        """The paper's forward FLOPs per scored token for windows of T = `segment_length` at the
-        evaluation overlap (`flops.py`: Kaplan's count of the GPT-2, without the recurrence's FFN)."""
-        return hf_model_flops_per_scored_token(self.lm, segment_length, self._eval_overlap())
+        """Forward FLOPs per scored token for windows of T = `segment_length` at the evaluation
+        overlap: the paper's count (`flops.py`: Kaplan's, without the recurrence's small FFN) plus the
+        LM head, which the other methods' counts include too."""
+        return hf_model_flops_per_scored_token(
+            self.lm, segment_length, self._eval_overlap(), output_layer=True
+        )
 
     def _baseline_nll(self, x: Tensor, target: Tensor, use_checkpoint: bool) -> Tensor:
         """Independent windows: one forward over (B·K, T), or one checkpointed forward per window."""
