@@ -4,6 +4,7 @@
     python benchmarks/trams.py --ckpt <xl.ckpt>  # a trained TransformerXLLM checkpoint
     python benchmarks/trams.py --grid configs/transformer_xl_tiny.yaml --ckpt <xl.ckpt> \
         --pool 64 --attended 32 --kept 24         # perplexity grid on the config's validation split
+    python benchmarks/trams.py --goal --shape tiny --threads 1 2 --repeats 7   # issue 15's goal, see below
 
 Every setting runs the same weights on the same token stream, with TRAMS's protocol (a zero-filled
 memory, so every segment attends to a full pool from the start), in inference mode:
@@ -20,6 +21,16 @@ memory, so every segment attends to a full pool from the start), in inference mo
 Prints tokens/s and the ratio to `xl_m` measured in the same run, plus the mean attention mass on
 the attended memory (XL at m vs TRAMS), and checks that both TRAMS implementations agree.
 
+With `--goal`, only `trams_cached` (with its score cache) and `xl_m_cached` run, in lockstep: segment
+by segment, in alternating order, so that a change in machine load hits both alike. Each of
+`--repeats` repeats gives the ratio of their evaluation times over the timed segments (TRAMS ÷ XL at
+m; issue 15's goal: ≤ 1.10), in wall-clock time and in process CPU time (which leaves out the time
+spent waiting for a core on a shared machine); printed as min and median, for each `--threads` count.
+`--shape tiny` takes the model sizes of configs/transformer_xl_tiny.yaml (4 layers, d_model 128,
+4 heads, inner 512), `--shape wt103` the WikiText-103 base model's (the defaults). Both use the
+random-init full softmax over `--vocab` tokens: a real (adaptive) softmax adds the same cost to both
+settings and would only bring the ratio closer to 1.
+
 With `--grid CONFIG`, evaluates the checkpoint instead on the config's validation split (through
 Lightning, `TransformerXLLM` built from the config with evaluation knobs overridden): Transformer+RPE
 (no memory), XL at m, XL at M, TRAMS (M → m) with the code's and the paper's metric and the oracle,
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 import types
 from pathlib import Path
@@ -137,6 +149,57 @@ GRID = {  # name: evaluation knobs of TransformerXLLM (m, M, kept filled in from
 }
 
 
+SHAPES = {  # model sizes: (n_layers, d_model, n_heads, d_inner)
+    "wt103": (16, 410, 10, 2100),  # the WikiText-103 base model (TRAMS's paper)
+    "tiny": (4, 128, 4, 512),  # configs/transformer_xl_tiny.yaml
+}
+
+
+def lockstep(model: TransformerXL, tokens: Tensor, args: argparse.Namespace) -> tuple[float, float]:
+    """TRAMS (M → m) ÷ XL at m evaluation time over the timed segments, both with the key/value
+    cache, run segment by segment in alternating order: (wall-clock ratio, process CPU time ratio)."""
+    n, B = args.tgt_len, tokens.shape[0]
+    streams = {
+        "xl_m_cached": (args.attended, None),
+        "trams_cached": (args.pool, TramsSettings(args.attended, args.kept)),
+    }
+    memory = {name: model.zero_memory(B, mem_len) for name, (mem_len, _) in streams.items()}
+    wall, cpu = dict.fromkeys(streams, 0.0), dict.fromkeys(streams, 0.0)
+    for s in range(tokens.shape[1] // n):
+        seg = tokens[:, s * n : (s + 1) * n]
+        for name in sorted(streams, reverse=bool(s % 2)):
+            mem_len, trams = streams[name]
+            w, c = time.perf_counter(), time.process_time()
+            out = model(seg, memory[name], mem_len=mem_len, trams=trams, cache_kv=True)
+            model.nll(out.hidden, seg).sum().item()  # synchronise
+            if s >= args.warmup:
+                wall[name] += time.perf_counter() - w
+                cpu[name] += time.process_time() - c
+            memory[name] = out.memory
+    return wall["trams_cached"] / wall["xl_m_cached"], cpu["trams_cached"] / cpu["xl_m_cached"]
+
+
+def goal(model: TransformerXL, tokens: Tensor, args: argparse.Namespace) -> None:
+    """Issue 15's goal, TRAMS at the cost of XL: min and median of `lockstep`'s ratios per thread count."""
+    print(
+        f"{args.shape or 'custom'}: layers {model.n_layers}, d_model {model.d_model}, heads {model.n_heads}, "
+        f"batch {args.batch}, n {args.tgt_len}, M {args.pool}, m {args.attended} = {args.kept} kept + "
+        f"{args.attended - args.kept} selected, {args.segments - args.warmup} timed segments, "
+        f"{args.repeats} repeats"
+    )
+    print("trams_cached ÷ xl_m_cached evaluation time (goal ≤ 1.10)")
+    with torch.inference_mode():
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            wall, cpu = zip(*(lockstep(model, tokens, args) for _ in range(args.repeats)))
+            print(
+                f"  {threads} thread(s): wall min {min(wall):.3f} median {statistics.median(wall):.3f}; "
+                f"CPU time min {min(cpu):.3f} median {statistics.median(cpu):.3f}  "
+                f"(wall by repeat {[round(r, 3) for r in wall]})",
+                flush=True,
+            )
+
+
 def grid(args: argparse.Namespace) -> None:
     """Validation loss of one checkpoint under every setting of GRID and both protocols."""
     import lightning.pytorch as pl
@@ -190,10 +253,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--ckpt", default=None, help="TransformerXLLM checkpoint (else random init)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None, help="preset model sizes")
     parser.add_argument("--n_layers", type=int, default=16)
     parser.add_argument("--d_model", type=int, default=410)
     parser.add_argument("--n_heads", type=int, default=10)
     parser.add_argument("--d_inner", type=int, default=2100)
+    parser.add_argument("--goal", action="store_true", help="only the issue-15 ratio, min/median")
     parser.add_argument("--vocab", type=int, default=1000, help="random init only (full softmax)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--tgt_len", type=int, default=64, help="n")
@@ -203,11 +268,15 @@ def main() -> None:
     parser.add_argument("--segments", type=int, default=11)
     parser.add_argument("--warmup", type=int, default=7, help="untimed segments (fill the pool)")
     parser.add_argument("--repeats", type=int, default=2, help="best of")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[2], help="thread counts (--goal: each; else the first)"
+    )
     parser.add_argument("--grid", default=None, help="config: evaluate --ckpt on its validation split")
     parser.add_argument("--limit_batches", type=int, default=0, help="--grid: validation batches (0 = all)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads[0])
+    if args.shape:
+        args.n_layers, args.d_model, args.n_heads, args.d_inner = SHAPES[args.shape]
     if args.grid:
         if not args.ckpt:
             raise SystemExit("--grid needs --ckpt")
@@ -226,6 +295,9 @@ def main() -> None:
     vocab = model.word_emb.n_token
     n_tokens = args.tgt_len * args.segments
     tokens = torch.randint(0, vocab, (args.batch, n_tokens))
+    if args.goal:
+        goal(model, tokens, args)
+        return
     trams = TramsSettings(args.attended, args.kept)
     settings = {  # name: (memory length, TRAMS, key/value cache)
         "xl_m": (args.attended, None, False),
