@@ -114,6 +114,21 @@ _WT_SPLITS_RAW = {s: f"wiki.{s}.raw" for s in ("train", "valid", "test")}
 # Enwik8/text8: one 100M member; the last 5M units are test, the 5M before them validation.
 CONTIGUOUS_SPLIT = {"valid": 5_000_000, "test": 5_000_000}
 
+# WikiText-103 v1 (tokenized release), read at word level (`wikitext103`) or as text (`wikitext103_text`).
+WIKITEXT103_ARCHIVE = _wikitext(
+    "wikitext103",
+    "wikitext-103-v1.zip",
+    190_229_076,
+    "242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590",
+    "wikitext-103",
+    "tokens",
+    {
+        "train": "b7497e2dfe77e72cfef5e3dbc61b7b53712ac211",
+        "valid": "c326ac59dc587676d58c422eb8a03e119582f92b",
+        "test": "8a5befc548865cec54ed4273cf87dbbad60d1e47",
+    },
+)
+
 CORPORA: dict[str, Corpus] = {
     c.name: c
     for c in (
@@ -160,19 +175,7 @@ CORPORA: dict[str, Corpus] = {
             unit="word",
             vocab_size=267_735,
             dirname="wikitext-103",
-            archive=_wikitext(
-                "wikitext103",
-                "wikitext-103-v1.zip",
-                190_229_076,
-                "242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590",
-                "wikitext-103",
-                "tokens",
-                {
-                    "train": "b7497e2dfe77e72cfef5e3dbc61b7b53712ac211",
-                    "valid": "c326ac59dc587676d58c422eb8a03e119582f92b",
-                    "test": "8a5befc548865cec54ed4273cf87dbbad60d1e47",
-                },
-            ),
+            archive=WIKITEXT103_ARCHIVE,
             splits=_WT_SPLITS_TOKENS,
             description="WikiText-103 v1, word level as Transformer-XL (<eos> per line)",
         ),
@@ -220,6 +223,18 @@ CORPORA: dict[str, Corpus] = {
             splits=_WT_SPLITS_RAW,
             count_words=True,
             description="WikiText-103 raw text in GPT-2 BPE, with word counts for perplexity per word",
+        ),
+        Corpus(
+            "wikitext103_text",
+            unit="bpe",
+            vocab_size=50_257,
+            dirname="wikitext-103",
+            archive=WIKITEXT103_ARCHIVE,
+            splits=_WT_SPLITS_TOKENS,
+            count_words=True,
+            description="WikiText-103 v1 (the tokenized release: <unk>, ' @-@ ') read as plain text, in "
+            "GPT-2 BPE or bytes: the same text for every method where only the tokenized valid and "
+            "test splits are at hand (../shared/data has the raw test split only)",
         ),
         Corpus(
             "pg19",

@@ -68,10 +68,20 @@ def build_lm(
     """The causal LM, running the recurrence attention implementation (which is the stock attention
     whenever no slot is passed, so the baseline runs it too)."""
     if (pretrained is None) == (gpt2_config is None):
-        raise ValueError("give exactly one of `pretrained` (hub id or directory) and `gpt2_config` (a dict)")
+        raise ValueError(
+            "give exactly one of `pretrained` (hub id, directory or .ckpt) and `gpt2_config` (a dict)"
+        )
     impl = RECURRENCE_IMPLEMENTATIONS[attn_implementation]
     if pretrained is not None:
-        lm = AutoModelForCausalLM.from_pretrained(pretrained, attn_implementation=impl)
+        if pretrained.endswith(".ckpt"):
+            # A RecurrentGPT2LM Lightning checkpoint (e.g. a windowed GPT-2 fit on the line before in a
+            # sweep): its LM, with no export step. Imported here: export.py imports this module.
+            from longctx.methods.recurrence.export import lm_from_checkpoint
+
+            lm = lm_from_checkpoint(pretrained)
+            lm.set_attn_implementation(impl)
+        else:
+            lm = AutoModelForCausalLM.from_pretrained(pretrained, attn_implementation=impl)
         lm.train()  # from_pretrained returns eval mode, which Lightning keeps at fit: dropout would be off
         if lm.config.vocab_size < vocab_size:
             raise ValueError(
@@ -92,7 +102,8 @@ class RecurrentGPT2LM(LMBase):
     """A pretrained GPT-2 on windows of T tokens, with (or, as the baseline, without) recurrence.
 
     Args:
-        pretrained: hub id ("gpt2" = GPT-2 small, the paper's model) or a local HF directory.
+        pretrained: hub id ("gpt2" = GPT-2 small, the paper's model), a local HF directory, or a
+            RecurrentGPT2LM Lightning checkpoint (`.ckpt`: its GPT-2, the recurrence's weights left out).
         gpt2_config: instead of `pretrained`, `GPT2Config` fields (n_layer, n_embd, n_head,
             n_positions, dropouts...) of a randomly initialised GPT-2.
         recurrence: add the recurrence (False: the windowed baseline).
