@@ -141,6 +141,8 @@ class LMBase(pl.LightningModule):
         """
         memory = self._memory[stage]
         reset = batch["reset"]
+        if memory is not None and reset.dim() == 1 and stage == "train":
+            return self.reset_memory_rows(memory, reset)  # no host sync per training step
         if memory is None or (reset.dim() == 1 and bool(reset.all())):
             return self.init_memory(batch["input"].shape[0])
         if reset.dim() == 1 and bool(reset.any()):
@@ -195,7 +197,7 @@ class LMBase(pl.LightningModule):
         if (n_bytes := self._scored_bytes(batch["target"], mask)) is not None:
             self.log("train/bpb", nll_sum.detach() / math.log(2) / n_bytes.clamp_min(1))
         self._log_step_logs("train", out.logs)
-        self._train_tokens = float(global_tokens)
+        self._train_tokens = global_tokens.detach()  # a tensor: read on the host only when logged
         return loss
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:

@@ -20,6 +20,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from longctx.host_sync import host_values
+
 # The code trims and sizes caches in steps of 64 positions ("too fine granularity might be bad for
 # the memory management"), and keeps 64 more cached positions than the current span needs.
 TRIM_GRANULARITY = 64
@@ -86,15 +88,19 @@ class AdaptiveMask(nn.Module):
         return self.z_ratio * self.S
 
     def attended_length(self) -> int:
-        """Previous positions this layer attends to now (the code's S - trim_len)."""
-        return attended_length(float(self.z.detach().max()), self.S, self.R)
+        """Previous positions this layer attends to now (the code's S - trim_len); a host sync
+        (`longctx/host_sync.py`), S on the meta device."""
+        z_max = host_values(self.z.max())
+        return self.S if z_max is None else attended_length(z_max, self.S, self.R)
 
     def head_attended_lengths(self) -> list[int]:
-        """Per head, the previous positions its own span needs (the code's rounding to 64, per head).
+        """Per head, the previous positions its own span needs (the code's rounding to 64, per head);
+        a host sync (`longctx/host_sync.py`), S for every head on the meta device.
 
         Beyond them the head's mask is exactly 0, so attending only these is exact (`span_trim="head"`).
         """
-        return [attended_length(z, self.S, self.R) for z in self.z.detach().tolist()]
+        z = host_values(self.z)
+        return [self.S] * self.z.shape[0] if z is None else [attended_length(h, self.S, self.R) for h in z]
 
     def cache_size(self) -> int:
         """Previous hidden states to keep for the next block: attended length + 64, at most S."""
@@ -139,8 +145,10 @@ class DynamicSpan(nn.Module):
         )
 
     def attended_length(self, z: Tensor) -> int:
-        """Previous positions needed for the largest span in this block (rounded as in the code)."""
-        return attended_length(float(z.detach().max()), self.S, self.R)
+        """Previous positions needed for the largest span in this block (rounded as in the code); a
+        host sync (`longctx/host_sync.py`), S on the meta device."""
+        z_max = host_values(z.max())
+        return self.S if z_max is None else attended_length(z_max, self.S, self.R)
 
     def mask(self, z: Tensor, L: int) -> Tensor:
         """m_{z_t}(x) (B, H, M, L) over the L most recent keys (distances L..1) for spans z (B, H, M)."""

@@ -284,8 +284,9 @@ class WindowRecurrence(nn.Module):
         self.ffn = RecurrenceFFN(d_model, ffn_width, ffn_hidden_layers, ffn_activation)
 
     def slot_for(self, lm: nn.Module, h_prev: Tensor | None, present: Tensor | None) -> RecurrenceSlot | None:
-        """The slot from h_prev (B, d) for the rows in `present` (B,), or None if no row has one."""
-        if h_prev is None or present is None or not bool(present.any()):
+        """The slot from h_prev (B, d) for the rows in `present` (B,), or None without h_prev. Rows not
+        in `present` get a zero slot whose column is masked (no host sync to test whether any row is)."""
+        if h_prev is None or present is None:
             return None
         state = h_prev * present[:, None].to(h_prev.dtype)  # zero (and mask) rows without h_prev
         if self.slot_norm:

@@ -1,0 +1,99 @@
+"""Every network's forward and backward runs with parameters and inputs on the `meta` device.
+
+Meta tensors have shapes but no values, so this fails on any host sync (`.item()`, `bool(t)`,
+`.tolist()` raise on meta) other than those listed in `longctx/host_sync.py`, which skip themselves
+there, and on any tensor created on the CPU inside a forward or backward (a missing `device=`): every
+op's output is checked. A network that passes runs on a GPU without hidden transfers or stalls.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers.masking_utils
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from longctx.methods.adaptive_span.network import SpanTransformer
+from longctx.methods.recurrence.network import RECURRENCE_SDPA, WindowRecurrence
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.transformer_xl.trams import TramsSettings
+
+META = torch.device("meta")
+
+
+class NoHostTensors(TorchDispatchMode):
+    """Fails on any op whose output is not on the meta device."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device != META:
+                raise AssertionError(f"{func} created a tensor on {t.device} (a missing device=?)")
+        return out
+
+
+def tokens(*shape: int) -> torch.Tensor:
+    return torch.randint(0, 50, shape, device=META)
+
+
+@pytest.mark.parametrize(
+    "span, span_trim", [("fixed", "head"), ("adaptive", "head"), ("adaptive", "layer"), ("dynamic", "head")]
+)
+def test_adaptive_span_on_meta(span, span_trim):
+    with META:
+        net = SpanTransformer(50, 32, 2, 4, 64, 128, dropout=0.1, span=span, span_trim=span_trim)
+    x = tokens(2, 16)
+    with NoHostTensors():
+        out = net(x, net.init_cache(2, device=META))
+        out = net(x, out.cache)
+        loss = out.logits.float().mean() + (0 if out.penalty is None else out.penalty)
+        loss.backward()
+    assert out.logits.device == META and out.attended == [128, 128]  # no values: untrimmed (exact)
+    assert all(p.grad is not None and p.grad.device == META for p in net.parameters())
+
+
+@pytest.mark.parametrize(
+    "trams",
+    [None, TramsSettings(8, 4), TramsSettings(8, 4, "paper", "true"), TramsSettings(8, 4, "oracle")],
+    ids=["xl", "trams", "trams-paper-true-positions", "trams-oracle"],
+)
+@pytest.mark.parametrize("cache_kv", [False, True])
+def test_transformer_xl_and_trams_on_meta(trams, cache_kv):
+    with META:
+        net = TransformerXL(50, 2, 32, 4, 64, dropout=0.1)
+    x = tokens(2, 8)
+    memory = net.zero_memory(2, 16) if trams else net.empty_memory(2)
+    with NoHostTensors():
+        for _ in range(3):  # the memory fills, the caches (keys, values, scores) are carried
+            out = net(x, memory, mem_len=16, trams=trams, cache_kv=cache_kv and trams is not None)
+            memory = out.memory
+        net.nll(out.hidden, x).sum().backward()
+    assert all(p.grad is None or p.grad.device == META for p in net.parameters())
+
+
+@pytest.mark.parametrize("backward", ["plain", "checkpoint", "reverse"])
+def test_recurrent_gpt2_on_meta(backward, monkeypatch):
+    # host_sync.py, sync 4: transformers' packed-sequence check reads the position ids on the host.
+    monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+    config = GPT2Config(
+        vocab_size=50, n_layer=3, n_embd=32, n_head=4, n_positions=64, bos_token_id=None, eos_token_id=None
+    )
+    with META:
+        lm = GPT2LMHeadModel(config)
+        recurrence = WindowRecurrence(32, 3)
+    lm.set_attn_implementation(RECURRENCE_SDPA)
+    lm.train()
+    x = tokens(2, 3, 8)
+    mask = torch.ones(2, 3, 8, dtype=torch.bool, device=META)
+    reset = torch.zeros(2, 3, dtype=torch.bool, device=META)
+    h_prev = torch.zeros(2, 32, device=META)
+    with NoHostTensors():
+        nll, h_next = recurrence(
+            lm, x, x, mask, reset, h_prev,
+            checkpoint_windows=backward != "plain", window_by_window=backward == "reverse",
+        )  # fmt: skip
+        (nll.mean() + h_next.mean()).backward()
+    assert nll.shape == (2, 3, 8) and h_next.device == META
+    assert all(p.grad is not None and p.grad.device == META for p in lm.parameters())
