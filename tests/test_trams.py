@@ -24,6 +24,8 @@ from longctx.methods.transformer_xl.trams import (
     TramsSettings,
     gather_slots,
     query_gram,
+    score_matrix,
+    scores_from_matrix,
     select_memory,
     trams_scores,
     window_index,
@@ -279,7 +281,7 @@ def test_gather_slots_equals_gather_for_any_layout():
     index = torch.tensor([[[0, 3], [1, 2], [4, 5]], [[2, 5], [0, 1], [3, 4]]])  # (B, H, k)
     for t in (torch.randn(2, H, 6, DH), torch.randn(2, 6, H, DH).transpose(1, 2)):  # contiguous or not
         expected = t.gather(2, index[..., None].expand(-1, -1, -1, DH))
-        assert torch.equal(gather_slots(t, index), expected)
+        assert torch.equal(gather_slots(index, t)[0], expected)
 
 
 def score_cache_streams(model, x, memory, settings, mem_len, resets):
@@ -337,19 +339,30 @@ def test_score_cache_selects_and_outputs_as_scoring_every_segment(metric, positi
 def test_score_cache_scores_only_the_segment_once_the_pool_is_cached(monkeypatch):
     from longctx.methods.transformer_xl import relative_attention
 
-    scored = []
+    scored, matrices = [], []
 
-    def recording_scores(k, w_q, metric="code"):
-        scored.append(k.shape[2])
-        return trams_scores(k, w_q, metric)
+    def recording(name, fn, log):
+        def wrapped(k, *args, **kwargs):
+            log.append(k.shape[2] if name == "keys" else name)
+            return fn(k, *args, **kwargs)
 
-    monkeypatch.setattr(relative_attention, "trams_scores", recording_scores)
+        return wrapped
+
+    monkeypatch.setattr(
+        relative_attention, "scores_from_matrix", recording("keys", scores_from_matrix, scored)
+    )
+    monkeypatch.setattr(relative_attention, "trams_scores", recording("keys", trams_scores, scored))
+    monkeypatch.setattr(relative_attention, "score_matrix", recording("matrix", score_matrix, matrices))
     model, x = network(), torch.randint(0, 40, (2, 16))
     memory, settings = model.zero_memory(2, 16), TramsSettings(8, 4)
     for s in range(4):
         memory = model(x[:, 4 * s : 4 * s + 4], memory, mem_len=16, trams=settings, cache_kv=True).memory
-    # Segment 0 scores the zero-filled pool and the segment (16 + 4 keys), later ones their 4 new keys.
+    # Segment 0 scores the zero-filled pool and the segment (16 + 4 keys), later ones their 4 new keys;
+    # the score matrix (the query Gram matrix) is computed once per layer and carried.
     assert scored == [20, 20] + [4, 4] * 3
+    assert matrices == ["matrix"] * 2
+    for layer, S in zip(model.layers, memory.score_matrix):
+        torch.testing.assert_close(S, score_matrix(layer.attn.query_weight()))
     scored.clear()
     model(x[:, :4], memory, mem_len=16, trams=settings)  # no key/value cache: the 16 − 4 older slots
     assert scored == [12, 12]

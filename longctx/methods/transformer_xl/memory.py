@@ -33,6 +33,8 @@ class XLMemory(NamedTuple):
         or None (the next segment projects `hidden` again).
     score: per layer (B, H, P), the TRAMS score of each cached key under the metric of the TRAMS
         settings that wrote it (the score cache; only with `key`), or None (scored again).
+    score_matrix: per layer the `trams.score_matrix` that scores new keys (with `score`; it depends
+        on the weights only, like the cached keys), or None.
     """
 
     hidden: list[Tensor]
@@ -40,6 +42,7 @@ class XLMemory(NamedTuple):
     key: list[Tensor] | None = None
     value: list[Tensor] | None = None
     score: list[Tensor] | None = None
+    score_matrix: list[Tensor] | None = None
 
 
 def empty_memory(
@@ -65,11 +68,13 @@ def update_memory(
     mem_len: int,
     kv: list[tuple[Tensor, Tensor]] | None = None,
     score: list[Tensor] | None = None,
+    score_matrix: list[Tensor] | None = None,
 ) -> XLMemory:
     """Append each layer's segment input (B, n, d) to its memory and keep the last mem_len slots.
 
     kv: per layer the keys and values of [memory, segment] (B, H, P + n, Dh) to cache, or None;
-    score: per layer their TRAMS scores (B, H, P + n) to cache (with kv), or None.
+    score, score_matrix: per layer their TRAMS scores (B, H, P + n) and the layer's score matrix to
+    cache (with kv), or None.
     """
     valid = memory.valid
     B, n = inputs[0].shape[:2]
@@ -86,7 +91,7 @@ def update_memory(
     value = [v[:, :, P + n - keep :].detach() for _, v in kv]
     if score is not None:
         score = [s[:, :, P + n - keep :].detach() for s in score]
-    return XLMemory(hidden, new_valid, key, value, score)
+    return XLMemory(hidden, new_valid, key, value, score, score_matrix)
 
 
 def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:

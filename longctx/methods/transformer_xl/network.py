@@ -208,6 +208,7 @@ class TransformerXL(nn.Module):
         cached = memory.key if cache_kv else None
         cache_scores = cache_kv and trams is not None and trams.scores_cacheable
         scores = memory.score if cache_scores and cached is not None else None
+        matrices = memory.score_matrix if scores is not None else None
         inputs, attns = [], []
         for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
             inputs.append(h)
@@ -226,11 +227,13 @@ class TransformerXL(nn.Module):
                 mem_kv=mem_kv,
                 mem_score=scores[i] if scores is not None else None,
                 need_score=cache_scores,
+                mem_score_matrix=matrices[i] if matrices is not None else None,
             )
             attns.append(attn)
         kv = [a.kv for a in attns] if cache_kv else None
         new_scores = [a.score for a in attns] if cache_scores else None
-        new_memory = update_memory(memory, inputs, mem_len, kv, new_scores)
+        new_matrices = [a.score_matrix for a in attns] if cache_scores else None
+        new_memory = update_memory(memory, inputs, mem_len, kv, new_scores, new_matrices)
         return XLOutput(self.drop(h), new_memory, attns)
 
     def nll(self, hidden: Tensor, target: Tensor) -> Tensor:

@@ -24,6 +24,8 @@ from longctx.methods.transformer_xl.trams import (
     TramsSettings,
     gather_slots,
     oracle_scores,
+    score_matrix,
+    scores_from_matrix,
     select_memory,
     trams_scores,
     window_index,
@@ -86,7 +88,8 @@ class AttentionOutput:
     (B, H, W) the attended positions in [pool, segment] under TRAMS, else None; probs: (B, H, n, W) and
     heads: (B, H, n, Dh) per-head attention vectors (only with `need_weights`); kv: keys and values
     of [memory, segment] (B, H, P + n, Dh) before any selection (for a key/value cache); score: TRAMS
-    scores of [memory, segment] (B, H, P + n) (only with `need_score`, for the score cache)."""
+    scores of [memory, segment] (B, H, P + n) and score_matrix: the layer's `trams.score_matrix` (only
+    with `need_score`, for the score cache)."""
 
     out: Tensor
     mem_mass: Tensor | None = None
@@ -96,6 +99,7 @@ class AttentionOutput:
     heads: Tensor | None = None
     kv: tuple[Tensor, Tensor] | None = None
     score: Tensor | None = None
+    score_matrix: Tensor | None = None
 
 
 class RelMultiHeadAttention(nn.Module):
@@ -164,6 +168,7 @@ class RelMultiHeadAttention(nn.Module):
         mem_kv: tuple[Tensor, Tensor] | None = None,
         mem_score: Tensor | None = None,
         need_score: bool = False,
+        mem_score_matrix: Tensor | None = None,
     ) -> AttentionOutput:
         """x: (B, n, d) segment; mem: (B, P, d) memory (P may be 0); mem_valid: (B, P) bool;
         pos_emb: (klen >= P + n, d) sinusoid of positions klen−1 … 0; r_w_bias, r_r_bias: (H, Dh);
@@ -172,7 +177,8 @@ class RelMultiHeadAttention(nn.Module):
         and values (B, H, P, Dh) when cached (evaluation), else they are projected from mem;
         mem_score: the TRAMS scores (B, H, P) of the cached keys `mem_kv[0]` (the score cache), else
         the selectable slots are scored now; need_score: return the scores of [memory, segment]
-        (`AttentionOutput.score`), computing only the segment's when `mem_score` is given."""
+        (`AttentionOutput.score`), computing only the segment's when `mem_score` is given;
+        mem_score_matrix: this layer's `trams.score_matrix` when cached, else computed here."""
         B, n, _ = x.shape
         P = mem.shape[1]
         HD = self.n_heads * self.d_head
@@ -188,11 +194,16 @@ class RelMultiHeadAttention(nn.Module):
             k, v = (self._heads(t) for t in F.linear(cat_in, w_kv).split(HD, dim=-1))
         kv = (k, v)  # (B, H, P + n, Dh), what a key/value cache keeps
         key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, n)], dim=1)[:, None, :]  # (B, 1, P + n)
-        score = None  # (B, H, P + n): each slot scored once, when it enters the pool
+        score = S = None  # score: (B, H, P + n), each slot scored once, when it enters the pool
         if need_score:
             if trams is None or not trams.scores_cacheable:
                 raise ValueError("need_score needs TRAMS with the 'code' or 'paper' metric")
-            fresh = trams_scores(k if mem_score is None else k[:, :, P:], self.query_weight(), trams.metric)
+            S = (
+                score_matrix(self.query_weight(), trams.metric)
+                if mem_score_matrix is None
+                else mem_score_matrix
+            )
+            fresh = scores_from_matrix(k if mem_score is None else k[:, :, P:], S)
             score = fresh if mem_score is None else torch.cat([mem_score.to(fresh.dtype), fresh], dim=-1)
         elif mem_score is not None:
             score = mem_score
@@ -222,6 +233,7 @@ class RelMultiHeadAttention(nn.Module):
             heads=attn if need_weights else None,
             kv=kv,
             score=score if need_score else None,
+            score_matrix=S,
         )
 
     def _trams_window(
@@ -265,8 +277,9 @@ class RelMultiHeadAttention(nn.Module):
         metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
         selected = select_memory(metric, trams.selected)  # (B, H, k)
         window = window_index(selected, P, trams.kept, n)  # (B, H, W)
-        k_w = torch.cat([gather_slots(k, selected), k[:, :, n_selectable:]], dim=2)
-        v_w = torch.cat([gather_slots(v, selected), v[:, :, n_selectable:]], dim=2)
+        k_sel, v_sel = gather_slots(selected, k, v)
+        k_w = torch.cat([k_sel, k[:, :, n_selectable:]], dim=2)
+        v_w = torch.cat([v_sel, v[:, :, n_selectable:]], dim=2)
         valid_sel = key_valid.expand(B, H, -1).gather(2, selected)
         valid_w = torch.cat([valid_sel, key_valid[..., n_selectable:].expand(B, H, -1)], dim=-1)
         bd = None

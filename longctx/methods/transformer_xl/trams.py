@@ -79,20 +79,38 @@ def query_gram(w_q: Tensor) -> tuple[Tensor, Tensor]:
     return w_q @ w_q.transpose(-1, -2), w_q.sum(-1)
 
 
+def score_matrix(w_q: Tensor, metric: Literal["code", "paper"] = "code") -> Tensor:
+    """The per-head matrix S with which one product k @ S scores keys (`scores_from_matrix`).
+
+    w_q: (H, Dh, D). "code": S = [G | s] (H, Dh, Dh + 1), so that k @ S = [Gk | s·k] with
+    ‖K′‖² = kᵀGk and ΣK′ = s·k; "paper": S = s/√D (H, Dh, 1). S depends on the weights only: the
+    score cache computes it once per memory and carries it (`XLMemory.score_matrix`).
+    """
+    if metric not in ("code", "paper"):
+        raise ValueError(f"TRAMS scores are cached for 'code' or 'paper', got {metric!r}")
+    if metric == "paper":
+        return w_q.sum(-1)[..., None] / math.sqrt(w_q.shape[-1])
+    G, s = query_gram(w_q)
+    return torch.cat([G, s[..., None]], dim=-1)
+
+
+def scores_from_matrix(k: Tensor, S: Tensor) -> Tensor:
+    """Scores (B, H, P) of keys k (B, H, P, Dh) with a `score_matrix` S: ‖K′‖·|ΣK′| = √(kᵀGk)·|s·k|
+    ("code", Dh + 1 columns) or ΣK′/√D ("paper", 1 column)."""
+    y = k @ S.to(k.dtype)  # (B, H, P, Dh + 1) or (B, H, P, 1)
+    if S.shape[-1] == 1:
+        return y[..., 0]
+    norm2 = torch.linalg.vecdot(y[..., :-1], k).clamp_min(0.0)  # kᵀGk = ‖K′‖²
+    return norm2.sqrt() * y[..., -1].abs()
+
+
 def trams_scores(k: Tensor, w_q: Tensor, metric: Literal["code", "paper"] = "code") -> Tensor:
     """Score of every pooled key, cheaply (no d_model-sized K′).
 
     k: (B, H, P, Dh) content keys; w_q: (H, Dh, D). Returns (B, H, P):
     "code": ‖K′‖·|ΣK′|; "paper": cos⟨K′, 1⟩·‖K′‖ = ΣK′/√D.
     """
-    G, s = query_gram(w_q.to(k.dtype))
-    total = (k @ s[:, :, None]).squeeze(-1)  # (B, H, P): ΣK′
-    if metric == "paper":
-        return total / math.sqrt(w_q.shape[-1])
-    if metric != "code":
-        raise ValueError(f"trams_scores computes 'code' or 'paper', got {metric!r}")
-    norm2 = ((k @ G) * k).sum(-1).clamp_min(0.0)  # (B, H, P): kᵀGk = ‖K′‖²
-    return norm2.sqrt() * total.abs()
+    return scores_from_matrix(k, score_matrix(w_q.to(k.dtype), metric))
 
 
 def oracle_scores(probs: Tensor, n_selectable: int) -> Tensor:
@@ -107,18 +125,21 @@ def select_memory(scores: Tensor, k: int) -> Tensor:
     return scores.topk(k, dim=-1).indices.sort(dim=-1).values
 
 
-def gather_slots(t: Tensor, index: Tensor) -> Tensor:
-    """The rows t[b, h, index[b, h]]: t (B, H, T, Dh), index (B, H, k) -> (B, H, k, Dh).
+def gather_slots(index: Tensor, *tensors: Tensor) -> list[Tensor]:
+    """The rows t[b, h, index[b, h]] of each t (B, H, T, Dh): index (B, H, k) -> (B, H, k, Dh) each.
 
-    A contiguous t (the key/value cache's keys) is read with `index_select` on its flattened rows,
-    which copies whole Dh-sized rows (several times faster on CPU than `gather` with an index expanded
-    over Dh); any other layout (keys projected this segment) falls back to `gather`.
+    A contiguous t (the key/value cache) is read with `index_select` on its flattened rows, which
+    copies whole Dh-sized rows (several times faster on CPU than `gather` with an index expanded over
+    Dh); any other layout (keys projected this segment) falls back to `gather`.
     """
-    B, H, T, Dh = t.shape
-    if not t.is_contiguous():
-        return t.gather(2, index[..., None].expand(-1, -1, -1, Dh))
-    rows = (torch.arange(B * H, device=t.device).view(B, H, 1) * T + index).flatten()  # (B·H·k,)
-    return t.view(B * H * T, Dh).index_select(0, rows).view(B, H, -1, Dh)
+    B, H, T, _ = tensors[0].shape
+    rows = (torch.arange(B * H, device=index.device).view(B, H, 1) * T + index).flatten()  # (B·H·k,)
+    return [
+        t.view(B * H * T, -1).index_select(0, rows).view(B, H, -1, t.shape[-1])
+        if t.is_contiguous()
+        else t.gather(2, index[..., None].expand(-1, -1, -1, t.shape[-1]))
+        for t in tensors
+    ]
 
 
 def window_index(selected: Tensor, pool: int, kept: int, n: int) -> Tensor:
