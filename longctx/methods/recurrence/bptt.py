@@ -115,13 +115,11 @@ class _ReverseWindows(torch.autograd.Function):
                 nll, h_next = functional_call(
                     ctx.unit, aliases, (k, state), strict=False, tie_weights=False
                 )  # the window on the aliases: the real parameters stay out of this graph
-                outputs, grads = [], []
-                if grad_nll is not None:
-                    outputs.append(nll), grads.append(grad_nll[:, k])
-                if grad_h is not None:
-                    outputs.append(h_next), grads.append(grad_h)
-                if outputs:
-                    torch.autograd.backward(outputs, grads)
+                # The window's loss gradient plus the gradient arriving at its output state.
+                pairs = [(nll, None if grad_nll is None else grad_nll[:, k]), (h_next, grad_h)]
+                pairs = [(out, grad) for out, grad in pairs if grad is not None]
+                if pairs:
+                    torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
                 grad_h = state.grad if state is not None and state.requires_grad else None
                 ctx.states[k] = None  # each boundary state is freed as soon as its window is done
         for alias in aliases.values():
