@@ -38,7 +38,8 @@ class LMDataModule(pl.LightningDataModule):
     """Memory-carrying streams over one corpus.
 
     Args:
-        corpus: enwik8, text8, wikitext103, wikitext2, wikitext103_raw, pg19 or sample (docs/data.md).
+        corpus: enwik8, text8, wikitext103, wikitext2, wikitext103_raw, wikitext103_text, pg19 or sample
+            (docs/data.md).
         root: directory of the raw files (downloaded there if missing and `download`); may be
             read-only. Default: `$LONGCTX_DATA` or `~/.cache/longctx`.
         cache_dir: where token caches are written. Default: `<root>/cache` if `root` is writable,
@@ -52,7 +53,7 @@ class LMDataModule(pl.LightningDataModule):
         mode: "segments" (Transformer-XL, Adaptive Span) or "windows" (recurrence on GPT-2).
         overlap / eval_overlap: window overlap o in training / evaluation (window mode).
         windows_per_batch: K windows of each row per training batch (backprop through K windows).
-        tokenizer: how the raw-text corpora (wikitext103_raw, pg19) are tokenized: `gpt2` (GPT-2
+        tokenizer: how the text corpora (wikitext103_raw, wikitext103_text, pg19) are tokenized: `gpt2` (GPT-2
             BPE), a local directory or hub id of a byte-level BPE, or `bytes` (byte level: what
             Transformer-XL and Adaptive Span read to compare with GPT-2 on the same text).
         max_train_documents / max_eval_document_tokens: PG-19 subset (paper: 1,250 and 15,000).
@@ -104,8 +105,8 @@ class LMDataModule(pl.LightningDataModule):
         check_positive(eval_batch_size=eval_batch_size, eval_tgt_len=eval_tgt_len)
         if tokenizer == BYTES_TOKENIZER and self.info.unit != "bpe":
             raise ValueError(
-                f"data.tokenizer: bytes applies to the raw-text corpora (wikitext103_raw, pg19); {corpus} "
-                f"has fixed {self.info.unit} tokens: drop the option"
+                "data.tokenizer: bytes applies to the text corpora (wikitext103_raw, wikitext103_text, "
+                f"pg19); {corpus} has fixed {self.info.unit} tokens: drop the option"
             )
         if train_wrap == "random_offset" and (mode != "segments" or self.info.documents):
             raise ValueError(
