@@ -17,7 +17,8 @@ the older slots, per layer, head and batch row. What the released code (lwaekfjl
   distances instead.
 - A slot's "code" or "paper" score depends only on its key, and the released code recomputes it
   for every old pool slot at every segment. With the evaluation key/value cache we score a slot once,
-  when it enters the pool, and carry the score with its key and value (`XLMemory.score`); the
+  when it enters the pool, and carry the score with its key and value (`XLMemory.score`), with the
+  per-layer `score_matrix` [G | s] that scores new keys (`XLMemory.score_matrix`, computed once); the
   selection is the same, the cost is H·(Dh² + 2·Dh) per new token instead of per pool slot. Without
   the key/value cache the keys are projected again every segment, and so scored again (the released
   computation; the projection dominates that path anyway).
