@@ -258,9 +258,10 @@ def test_trams_macs_per_token_by_hand():
     # 2 layers, d=16, 2 heads of 8 (HD=16), inner 32, V=64; segments of n=16, pool P=32, m=16 attended
     # of which 8 kept, key/value cache on. Per layer: q, k, v 3·16·16 = 768; positions of the W = 16 + 16
     # window projected per segment 16·16·32/16 = 512; scores and values 2·16·32 + 16·32 = 1536 over the
-    # window; the released metric on the 32 − 8 older slots, H·(Dh² + 2·Dh) = 160 each, per segment:
-    # 160·24/16 = 240; output projection 256; feed-forward 2·16·32 = 1024. Softmax 16·64.
-    per_layer = 768 + 512 + 1536 + 240 + 256 + 1024
+    # window; the released metric on the 16 keys entering the pool (the score cache scores each slot
+    # once), H·(Dh² + 2·Dh) = 160 each, per segment: 160·16/16 = 160 (without the K/V cache the 32 − 8
+    # older slots: 240); output projection 256; feed-forward 2·16·32 = 1024. Softmax 16·64.
+    per_layer = 768 + 512 + 1536 + 160 + 256 + 1024
     sizes = dict(n_layers=2, d_model=16, n_heads=2, d_head=8, d_inner=32, vocab_size=64, segment_length=16)
     trams = TramsSettings(attended=16, kept=8)
     macs = macs_per_token(**sizes, memory_length=32, cache_kv=True, trams=trams)
@@ -268,8 +269,11 @@ def test_trams_macs_per_token_by_hand():
     # The paper's metric costs H·Dh per slot; the TRAMS protocol scores n − 1 targets per segment.
     paper = TramsSettings(attended=16, kept=8, metric="paper")
     assert macs_per_token(**sizes, memory_length=32, cache_kv=True, trams=paper) == macs - 2 * (
-        240 - 2 * 8 * 24 / 16
+        160 - 2 * 8 * 16 / 16
     )
+    # Without the K/V cache every segment re-scores the 24 older slots and re-projects the memory.
+    uncached = macs_per_token(**sizes, memory_length=32, cache_kv=False, trams=trams)
+    assert uncached == macs + 2 * (240 - 160 + 2 * 16 * 16 * 32 / 16)
     assert macs_per_token(**sizes, memory_length=32, cache_kv=True, trams=trams, scored_per_segment=15) == (
         macs * 16 / 15
     )

@@ -13,7 +13,8 @@ multiply-accumulates per layer:
 
 with W = P + n keys per query (the whole n × W score matrix is computed; the causal and same_length
 masks only hide entries). Under TRAMS (Yu et al. 2023) the window has W = min(m, P) + n keys, and
-every segment scores the n_s = P − (m − k) older pool slots: with the released metric ‖K′‖·|ΣK′|
+every segment scores n_s slots: the n keys entering the pool with the key/value cache (a slot is
+scored once and its score carried), else the P − (m − k) older pool slots: with the released metric ‖K′‖·|ΣK′|
 computed as kᵀGk and s·k (`trams.trams_scores`), H·(Dh² + 2·Dh) per slot, per row; with the paper's
 metric H·Dh. `positions="true"` projects and computes the position term for all P + n keys before
 gathering the window's; the "oracle" metric computes XL's full scores over the pool on top. The
@@ -74,7 +75,8 @@ def macs_per_token(
         score_macs = 2 * HD * W + bd  # (q+u)·k and probs·v over the window, and the position term
         if trams.positions == "compact" and full_positions:
             score_macs += HD * full  # the oracle's full position term
-        n_scored_slots = max(P - trams.kept, 0)
+        # With the K/V cache each slot is scored once, when it enters the pool (`trams.py`).
+        n_scored_slots = n if cache_kv else max(P - trams.kept, 0)
         if trams.metric == "code":
             score_macs += n_heads * (d_head**2 + 2 * d_head) * n_scored_slots / n
         elif trams.metric == "paper":
