@@ -88,17 +88,20 @@ class _ReverseWindows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_nll: Tensor | None, grad_h: Tensor | None) -> tuple[Tensor | None, ...]:
-        # One alias per *use* of a parameter (a tied embedding is read as `wte` and as `lm_head`), all
-        # uses of one parameter sharing one `.grad`: each contribution is added in place as soon as it
-        # is ready, instead of waiting in a buffer for the parameter's other use.
+        # One alias per *use* of a parameter (a tied embedding is read as `wte` and as `lm_head`).
+        # The first window takes its gradients as autograd forms them (freed activations make room);
+        # after it, all uses of a parameter share one `.grad`, so each later contribution is added in
+        # place as soon as it is ready instead of waiting in a buffer for the parameter's other use.
         params = dict(ctx.unit.named_parameters())
-        needed = {name for name, n in zip(ctx.names, ctx.needs_input_grad[N_ARGS:], strict=True) if n}
-        sums = {id(params[name]): torch.zeros_like(params[name]) for name in needed}
+        needed = {
+            id(params[n]) for n, grad in zip(ctx.names, ctx.needs_input_grad[N_ARGS:], strict=True) if grad
+        }
+        uses: dict[int, list[Tensor]] = {}
         aliases = {}
         for path, param in ctx.unit.named_parameters(remove_duplicate=False):
-            if id(param) in sums:
+            if id(param) in needed:
                 aliases[path] = param.detach().requires_grad_()
-                aliases[path].grad = sums[id(param)]
+                uses.setdefault(id(param), []).append(aliases[path])
         first_needs_grad = ctx.needs_input_grad[N_ARGS - 1]
         devices = ctx.rng[0].devices
         autocast = torch.autocast(ctx.device_type, **ctx.autocast) if ctx.autocast else nullcontext()
@@ -122,11 +125,27 @@ class _ReverseWindows(torch.autograd.Function):
                     torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
                 grad_h = state.grad if state is not None and state.requires_grad else None
                 ctx.states[k] = None  # each boundary state is freed as soon as its window is done
+                _share_grads(uses)
+        sums = {key: group[0].grad for key, group in uses.items()}
         for alias in aliases.values():
             alias.grad = None  # the returned tensors are the only references: `.grad` can take them
-        del aliases
+        del aliases, uses
         param_grads = [sums.pop(id(params[name]), None) for name in ctx.names]
         return (None,) * (N_ARGS - 1) + (grad_h if first_needs_grad else None, *param_grads)
+
+
+def _share_grads(uses: dict[int, list[Tensor]]) -> None:
+    """Give all aliases of one parameter one `.grad` (the sum of theirs), added to in place after."""
+    for group in uses.values():
+        grads = [alias.grad for alias in group if alias.grad is not None]
+        if len(group) == 1 or not grads or all(g is grads[0] for g in grads):
+            continue
+        total = grads[0]
+        for grad in grads[1:]:
+            if grad is not total:
+                total += grad
+        for alias in group:
+            alias.grad = total
 
 
 class WindowUnit(nn.Module):
