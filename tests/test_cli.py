@@ -65,6 +65,7 @@ def quick_args(tmp_path: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
 def test_quickstart_fits_and_writes_one_run_directory(tmp_path):
     cli = main(quick_args(tmp_path))
     run_dir = tmp_path / "runs" / "quick"

@@ -130,6 +130,7 @@ def test_text8_vocabulary_maps_onto_longctx_characters():
         longctx_id("A", "char")
 
 
+@pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
 def test_adaptive_span_matches_their_per_token_nll(adaptive_ckpt):
     model = AdaptiveSpanLM.load_from_checkpoint(adaptive_ckpt).eval()
     assert model.net.cache_sizes() == [128, 192]  # their cache sizes at the start of full_eval

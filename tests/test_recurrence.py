@@ -270,6 +270,7 @@ def bptt(checkpointing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return loss.detach(), {k: p.grad for k, p in params.items()}
 
 
+@pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
 def test_checkpointed_bptt_equals_plain_bptt_loss_and_gradients():
     loss_plain, grads_plain = bptt(False)
     loss_ckpt, grads_ckpt = bptt(True)
@@ -401,6 +402,7 @@ class WindowData(pl.LightningDataModule):
         )
 
 
+@pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
 @skip_without_shared("data", "gpt2")  # the tokenizer files the export copies
 def test_tiny_trainer_run_export_and_reload_as_pretrained(tmp_path):
     m = module(lr_scheduler=None)
@@ -461,7 +463,9 @@ def scored_targets(m: RecurrentGPT2LM, stream: SegmentStream) -> tuple[list[int]
 
 
 @pytest.mark.parametrize("recurrence", [False, True])
-@pytest.mark.parametrize(("overlap", "n_windows"), [(0, 1), (3, 1), (7, 2)])
+@pytest.mark.parametrize(
+    ("overlap", "n_windows"), [(0, 1), (3, 1), pytest.param(7, 2, marks=pytest.mark.slow)]
+)
 def test_overlap_evaluation_scores_every_token_once(recurrence, overlap, n_windows):
     m = module(recurrence=recurrence)
     ids = np.arange(97, dtype=np.int64)  # distinct ids: a scored id names its position
@@ -471,6 +475,7 @@ def test_overlap_evaluation_scores_every_token_once(recurrence, overlap, n_windo
     assert math.isfinite(total)
 
 
+@pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
 def test_overlap_t_minus_1_without_recurrence_is_the_per_token_sliding_window():
     m = module(recurrence=False)
     length, ids = 8, np.random.default_rng(1).integers(0, VOCAB, size=60).astype(np.int64)

@@ -43,7 +43,7 @@ def bptt(
     return loss.detach(), grads, torch.rand(1)
 
 
-@pytest.mark.parametrize("reference", ["plain", "checkpoint"])
+@pytest.mark.parametrize("reference", ["plain", pytest.param("checkpoint", marks=pytest.mark.slow)])
 def test_window_by_window_backward_equals_one_backward_through_all_windows(reference):
     loss_ref, grads_ref, rng_ref = bptt(reference)
     loss, grads, rng = bptt("reverse")
@@ -55,6 +55,7 @@ def test_window_by_window_backward_equals_one_backward_through_all_windows(refer
         torch.testing.assert_close(grad, grads_ref[name], rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
 def test_recomputation_runs_under_the_forwards_autocast():
     # Without dropout: SDPA's attention dropout on bfloat16 rounds differently when recomputed (the
     # gradients then differ at bfloat16 resolution, ~1e-3 relative; in float32 they are equal).
@@ -67,6 +68,7 @@ def test_recomputation_runs_under_the_forwards_autocast():
     assert not torch.allclose(grads["h_prev"], float32, rtol=1e-3, atol=0)  # bfloat16 was used
 
 
+@pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
 def test_each_parameter_receives_exactly_one_gradient_per_backward():
     """DDP's reducer marks a parameter ready when its gradient is accumulated and refuses a second
     time: the K per-window backwards accumulate elsewhere and `.grad` is written once."""
