@@ -8,6 +8,8 @@ running sum of the embeddings it has read, added to every position's hidden stat
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -155,3 +157,17 @@ def cpu_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
         default_root_dir=tmp_path,
     )
     return pl.Trainer(**{**defaults, **kwargs})
+
+
+class SignalAfterStep(pl.Callback):
+    """Sends this process `signal_name` after optimizer step `step`, as a scheduler does before a
+    time limit (SIGUSR1) or a kill (SIGTERM); `stop` then ends the fit, as a killed job would."""
+
+    def __init__(self, step: int, signal_name: str = "SIGUSR1", stop: bool = False) -> None:
+        self.step, self.signum, self.stop = step, signal.Signals[signal_name], stop
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+            if self.stop:
+                trainer.should_stop = True

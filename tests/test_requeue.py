@@ -11,30 +11,15 @@ draws, which the model records batch by batch.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 
 from tests.fake_slurm import free_port, slurm_node_env
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class SignalAfterStep(pl.Callback):
-    """Sends this process SIGUSR1 after optimizer step `step`, then stops (the job is killed)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGUSR1)
-            trainer.should_stop = True
 
 
 def _run(tmp_path: Path, env: dict[str, str], ntasks: int, *extra: str) -> None:
@@ -80,8 +65,9 @@ def test_sigusr1_checkpoints_requeues_and_resumes_exactly(tmp_path, ntasks):
         tmp_path,
         env,
         ntasks,
-        "--trainer.callbacks+=tests.test_requeue.SignalAfterStep",
+        "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep",
         "--trainer.callbacks.step=10",
+        "--trainer.callbacks.stop=true",  # SIGUSR1, then the job is killed
     )
     run_dir = tmp_path / "runs" / "slurm-4240_2"
     assert requeued.read_text().split() == ["requeue", "4240_2"]

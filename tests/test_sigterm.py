@@ -13,22 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class SigtermAfterStep(pl.Callback):
-    """Sends this process SIGTERM after optimizer step `step`."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _fit(tmp_path: Path, run_name: str, *extra: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -70,8 +58,9 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(tmp_path):
     stopped, log = _fit(
         tmp_path,
         "run",
-        "--trainer.callbacks+=tests.test_sigterm.SigtermAfterStep",
+        "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep",
         "--trainer.callbacks.step=5",
+        "--trainer.callbacks.signal_name=SIGTERM",
     )
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     checkpoint = tmp_path / "runs" / "run" / "checkpoints" / "last.ckpt"
