@@ -14,7 +14,7 @@ memory, so every segment attends to a full pool from the start), in inference mo
 - `trams_released`: TRAMS computed as the released code does (lwaekfjlk/TRAMS: d_model-sized
   K′ = W_Qᵀk materialised for every key and head, the content score as x·K′, the memory's keys and
   values projected again every segment);
-- `trams`: ours (‖K′‖² = kᵀGk with G = W_Q W_Qᵀ, ΣK′ = (W_Q 1)·k, scores on the selected window only);
+- `trams`: ours (‖K′‖ = ‖Rk‖ with W_Qᵀ = QR, ΣK′ = (W_Q 1)·k, each slot scored once with the cache);
 - `*_cached`: the same with the evaluation key/value cache (the memory's keys and values carried
   instead of projected again every segment), `TransformerXLLM`'s default at evaluation.
 

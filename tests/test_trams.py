@@ -22,10 +22,10 @@ from longctx.methods.transformer_xl.relative_attention import (
 )
 from longctx.methods.transformer_xl.trams import (
     TramsSettings,
-    gather_slots,
-    query_gram,
+    gather_rows,
+    layer_scores,
+    query_factor,
     score_matrix,
-    scores_from_matrix,
     select_memory,
     trams_scores,
     window_index,
@@ -74,8 +74,10 @@ def test_cheap_metric_equals_the_materialised_reformulated_keys(metric):
     torch.manual_seed(0)
     k, w_q = torch.randn(2, H, 9, DH, dtype=torch.double), torch.randn(H, DH, D, dtype=torch.double)
     torch.testing.assert_close(trams_scores(k, w_q, metric), brute_force_metric(k, w_q, metric))
-    G, s = query_gram(w_q)
-    assert G.shape == (H, DH, DH) and s.shape == (H, DH)  # never d_model-sized per token
+    R, s = query_factor(w_q)
+    assert R.shape == (H, DH, DH) and s.shape == (H, DH)  # never d_model-sized per token
+    K = reformulated_keys(k, w_q)
+    torch.testing.assert_close(torch.linalg.vector_norm(k @ R.transpose(-1, -2), dim=-1), K.norm(dim=-1))
 
 
 def test_reformulated_key_gives_the_query_key_product():
@@ -280,12 +282,12 @@ def test_trams_macs_per_token_by_hand():
 
 
 # ---------------------------------------------------------------------------------- the score cache
-def test_gather_slots_equals_gather_for_any_layout():
+def test_gather_rows_equals_gather_for_any_layout():
     torch.manual_seed(0)
     index = torch.tensor([[[0, 3], [1, 2], [4, 5]], [[2, 5], [0, 1], [3, 4]]])  # (B, H, k)
     for t in (torch.randn(2, H, 6, DH), torch.randn(2, 6, H, DH).transpose(1, 2)):  # contiguous or not
         expected = t.gather(2, index[..., None].expand(-1, -1, -1, DH))
-        assert torch.equal(gather_slots(index, t)[0], expected)
+        assert torch.equal(gather_rows(index, t)[0], expected)
 
 
 def score_cache_streams(model, x, memory, settings, mem_len, resets):
@@ -334,42 +336,57 @@ def test_score_cache_selects_and_outputs_as_scoring_every_segment(metric, positi
                 assert torch.equal(cached.selected, plain.selected)
         assert torch.equal(a.hidden, b.hidden)  # same keys, same selection: the same computation
         torch.testing.assert_close(a.hidden, c.hidden)
-        # The carried scores are those of the carried keys.
+        # The carried scores are those of the carried keys, −inf where a slot holds no token.
+        empty = ~a.memory.valid[:, None, :]
         for layer, key, score in zip(model.layers, a.memory.key, a.memory.score):
             assert score.shape == key.shape[:3]
-            torch.testing.assert_close(score, trams_scores(key, layer.attn.query_weight(), metric))
+            expected = trams_scores(key, layer.attn.query_weight(), metric).masked_fill(empty, float("-inf"))
+            torch.testing.assert_close(score, expected)
 
 
 def test_score_cache_scores_only_the_segment_once_the_pool_is_cached(monkeypatch):
+    from longctx.methods.transformer_xl import network as xl_network
     from longctx.methods.transformer_xl import relative_attention
 
-    scored, matrices = [], []
+    pool_scored, segment_scored, matrices = [], [], []
 
-    def recording(name, fn, log):
-        def wrapped(k, *args, **kwargs):
-            log.append(k.shape[2] if name == "keys" else name)
-            return fn(k, *args, **kwargs)
+    def recording(fn, log, entry):
+        def wrapped(*args, **kwargs):
+            log.append(entry(*args))
+            return fn(*args, **kwargs)
 
         return wrapped
 
     monkeypatch.setattr(
-        relative_attention, "scores_from_matrix", recording("keys", scores_from_matrix, scored)
+        relative_attention, "trams_scores", recording(trams_scores, pool_scored, lambda k, *_: k.shape[2])
     )
-    monkeypatch.setattr(relative_attention, "trams_scores", recording("keys", trams_scores, scored))
-    monkeypatch.setattr(relative_attention, "score_matrix", recording("matrix", score_matrix, matrices))
+    keys_per_layer = lambda keys, S: [k.shape[2] for k in keys]  # noqa: E731
+    monkeypatch.setattr(xl_network, "layer_scores", recording(layer_scores, segment_scored, keys_per_layer))
+    monkeypatch.setattr(xl_network, "score_matrix", recording(score_matrix, matrices, lambda *_: "matrix"))
     model, x = network(), torch.randint(0, 40, (2, 16))
     memory, settings = model.zero_memory(2, 16), TramsSettings(8, 4)
     for s in range(4):
         memory = model(x[:, 4 * s : 4 * s + 4], memory, mem_len=16, trams=settings, cache_kv=True).memory
-    # Segment 0 scores the zero-filled pool and the segment (16 + 4 keys), later ones their 4 new keys;
-    # the score matrix (the query Gram matrix) is computed once per layer and carried.
-    assert scored == [20, 20] + [4, 4] * 3
+    # Segment 0 scores the zero-filled pool (16 slots) in each layer; every segment scores its 4 new
+    # keys of both layers in one batched call; the score matrices are computed once and carried.
+    assert pool_scored == [16, 16]
+    assert segment_scored == [[4, 4]] * 4
     assert matrices == ["matrix"] * 2
     for layer, S in zip(model.layers, memory.score_matrix):
         torch.testing.assert_close(S, score_matrix(layer.attn.query_weight()))
-    scored.clear()
+    pool_scored.clear()
     model(x[:, :4], memory, mem_len=16, trams=settings)  # no key/value cache: the 16 − 4 older slots
-    assert scored == [12, 12]
+    assert pool_scored == [12, 12]
+
+
+def test_layer_scores_equal_scoring_each_layer():
+    torch.manual_seed(0)
+    w_q = [torch.randn(H, DH, D, dtype=torch.double) for _ in range(3)]
+    keys = [torch.randn(2, 5, H, DH, dtype=torch.double).transpose(1, 2) for _ in range(3)]  # projected
+    for metric in ("code", "paper"):
+        S = torch.stack([score_matrix(w, metric) for w in w_q])
+        expected = torch.stack([brute_force_metric(k, w, metric) for k, w in zip(keys, w_q)])
+        torch.testing.assert_close(layer_scores(keys, S), expected)
 
 
 def test_oracle_is_not_cached_and_needs_no_score():

@@ -15,10 +15,10 @@ with W = P + n keys per query (the whole n × W score matrix is computed; the ca
 masks only hide entries). Under TRAMS (Yu et al. 2023) the window has W = min(m, P) + n keys, and
 every segment scores n_s slots: the n keys entering the pool with the key/value cache (a slot is
 scored once and its score carried), else the P − (m − k) older pool slots: with the released metric ‖K′‖·|ΣK′|
-computed as kᵀGk and s·k (`trams.trams_scores`), H·(Dh² + 2·Dh) per slot, per row; with the paper's
+computed as ‖Rk‖ and s·k (`trams.trams_scores`), H·(Dh² + 2·Dh) per slot, per row; with the paper's
 metric H·Dh. `positions="true"` projects and computes the position term for all P + n keys before
 gathering the window's; the "oracle" metric computes XL's full scores over the pool on top. The
-query Gram matrix G (H·Dh²·d per segment, shared by the rows) and top-k are left out.
+QR factor R of the query weights (once per evaluation with the cache) and top-k are left out.
 
 The output layer counts the full log-probability (`log_prob`): d_embed·(V + clusters) plus the
 projections (with an adaptive softmax, the per-token NLL computes a tail cluster only for the targets

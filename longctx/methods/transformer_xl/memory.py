@@ -13,7 +13,8 @@ At evaluation the weights do not change, so a layer's memory keys and values (W_
 stored inputs h) can be cached with the memory instead of being projected again every segment (the
 released codes re-project them); that cache is exact and dropped whenever rows are reset. Under TRAMS
 with a key-only metric ("code", "paper") each slot's selection score is cached with its key the same
-way (`trams.py`): computed once, when the slot enters the pool, and dropped with the keys.
+way (`trams.py`): computed once, when the slot enters the pool, and dropped with the keys. The cached
+memory's tensors are views of buffers that the next segment appends to in place (`slot_store.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from longctx.methods.transformer_xl.slot_store import SlotAppender, SlotCursor
+
 
 class XLMemory(NamedTuple):
     """The memory of a batch of rows; P = slots held (at most mem_len, or the TRAMS pool M).
@@ -31,18 +34,26 @@ class XLMemory(NamedTuple):
     valid: (B, P) bool, the slot holds a real token (False: empty slot of a reset row, masked).
     key, value: per layer (B, H, P, Dh), W_K h and W_V h of `hidden` (the evaluation key/value cache),
         or None (the next segment projects `hidden` again).
-    score: per layer (B, H, P), the TRAMS score of each cached key under the metric of the TRAMS
-        settings that wrote it (the score cache; only with `key`), or None (scored again).
-    score_matrix: per layer the `trams.score_matrix` that scores new keys (with `score`; it depends
-        on the weights only, like the cached keys), or None.
+    score: (L, B, H, P), per layer the TRAMS score of each cached key under the metric of the TRAMS
+        settings that wrote it, −inf where `valid` is False (the score cache; only with `key`), or
+        None (scored again).
+    score_matrix: (L, H, Dh, ·), per layer the `trams.score_matrix` that scores new keys (with
+        `score`; it depends on the weights only, like the cached keys), or None.
+    slots: with the key/value cache, where the tensors above lie in the buffers they view (the next
+        segment appends after them in place, `slot_store.py`), else None.
     """
 
     hidden: list[Tensor]
     valid: Tensor
     key: list[Tensor] | None = None
     value: list[Tensor] | None = None
-    score: list[Tensor] | None = None
-    score_matrix: list[Tensor] | None = None
+    score: Tensor | None = None
+    score_matrix: Tensor | None = None
+    slots: SlotCursor | None = None
+
+    def slot_appender(self, n: int, keep: int) -> SlotAppender:
+        """The appender that forms [memory, segment] of this memory's cached tensors (`slot_store.py`)."""
+        return SlotAppender(self.slots, self.valid.shape[1], n, keep)
 
 
 def empty_memory(
@@ -67,31 +78,43 @@ def update_memory(
     inputs: list[Tensor],
     mem_len: int,
     kv: list[tuple[Tensor, Tensor]] | None = None,
-    score: list[Tensor] | None = None,
-    score_matrix: list[Tensor] | None = None,
+    score: Tensor | None = None,
+    score_matrix: Tensor | None = None,
+    appender: SlotAppender | None = None,
 ) -> XLMemory:
     """Append each layer's segment input (B, n, d) to its memory and keep the last mem_len slots.
 
     kv: per layer the keys and values of [memory, segment] (B, H, P + n, Dh) to cache, or None;
-    score, score_matrix: per layer their TRAMS scores (B, H, P + n) and the layer's score matrix to
-    cache (with kv), or None.
+    score, score_matrix: the TRAMS scores of [memory, segment] (L, B, H, P + n) and the layers'
+    score matrices to cache (with kv), or None; appender: the `SlotAppender` that formed kv and
+    scores (with kv): the hidden states and validity are appended in place with them, and the new
+    memory views its store.
     """
     valid = memory.valid
     B, n = inputs[0].shape[:2]
     P = valid.shape[1]
     keep = min(mem_len, P + n)
-    new_valid = torch.cat([valid, valid.new_ones(B, n)], dim=1)[:, P + n - keep :]
-    hidden = [
-        torch.cat([h.to(x.dtype), x], dim=1)[:, P + n - keep :].detach()
-        for h, x in zip(memory.hidden, inputs)
-    ]
+    if appender is None:
+        new_valid = torch.cat([valid, valid.new_ones(B, n)], dim=1)[:, P + n - keep :]
+        hidden = [
+            torch.cat([h.to(x.dtype), x], dim=1)[:, P + n - keep :].detach()
+            for h, x in zip(memory.hidden, inputs)
+        ]
+    else:
+        new_valid = appender.extend("valid", valid, valid.new_ones(B, n))[:, P + n - keep :]
+        hidden = [
+            appender.extend("hidden", h, x.detach(), layer=i)[:, P + n - keep :]
+            for i, (h, x) in enumerate(zip(memory.hidden, inputs))
+        ]
     if kv is None:
         return XLMemory(hidden, new_valid)
     key = [k[:, :, P + n - keep :].detach() for k, _ in kv]
     value = [v[:, :, P + n - keep :].detach() for _, v in kv]
     if score is not None:
-        score = [s[:, :, P + n - keep :].detach() for s in score]
-    return XLMemory(hidden, new_valid, key, value, score, score_matrix)
+        score = score[..., P + n - keep :]
+    if appender is None:
+        return XLMemory(hidden, new_valid, key, value, score, score_matrix)
+    return XLMemory(hidden, new_valid, key, value, score, score_matrix, appender.cursor())
 
 
 def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +29,7 @@ from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
     sinusoid_positions,
 )
-from longctx.methods.transformer_xl.trams import TramsSettings
+from longctx.methods.transformer_xl.trams import TramsSettings, layer_scores, score_matrix
 
 
 class PositionwiseFF(nn.Module):
@@ -207,12 +208,12 @@ class TransformerXL(nn.Module):
         limit = mem_len if same_length else None
         cached = memory.key if cache_kv else None
         cache_scores = cache_kv and trams is not None and trams.scores_cacheable
-        scores = memory.score if cache_scores and cached is not None else None
-        matrices = memory.score_matrix if scores is not None else None
+        scores = memory.score if cache_scores and cached is not None else None  # (L, B, H, P)
+        appender = memory.slot_appender(n, mem_len) if cache_kv else None  # cache formed in place
         inputs, attns = [], []
         for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
             inputs.append(h)
-            mem_kv = (cached[i].to(h.dtype), memory.value[i].to(h.dtype)) if cached is not None else None
+            mem_kv = (cached[i], memory.value[i]) if cached is not None else None
             h, attn = layer(
                 h,
                 mem.to(h.dtype),
@@ -227,14 +228,21 @@ class TransformerXL(nn.Module):
                 mem_kv=mem_kv,
                 mem_score=scores[i] if scores is not None else None,
                 need_score=cache_scores,
-                mem_score_matrix=matrices[i] if matrices is not None else None,
+                extend=partial(appender.extend, layer=i) if appender is not None else None,
             )
             attns.append(attn)
         kv = [a.kv for a in attns] if cache_kv else None
-        new_scores = [a.score for a in attns] if cache_scores else None
-        new_matrices = [a.score_matrix for a in attns] if cache_scores else None
-        new_memory = update_memory(memory, inputs, mem_len, kv, new_scores, new_matrices)
+        score = S = None
+        if cache_scores:  # score the segment's keys of every layer at once, append them to the cache
+            S = memory.score_matrix if scores is not None else self._score_matrices(trams)
+            pool = scores if scores is not None else torch.stack([a.score for a in attns])
+            score = appender.extend("score", pool, layer_scores([k[:, :, P:] for k, _ in kv], S))
+        new_memory = update_memory(memory, inputs, mem_len, kv, score, S, appender)
         return XLOutput(self.drop(h), new_memory, attns)
+
+    def _score_matrices(self, trams: TramsSettings) -> Tensor:
+        """Every layer's `trams.score_matrix`, stacked: (L, H, Dh, ·)."""
+        return torch.stack([score_matrix(layer.attn.query_weight(), trams.metric) for layer in self.layers])
 
     def nll(self, hidden: Tensor, target: Tensor) -> Tensor:
         """Per-token NLL in nats: hidden (B, n, d), target (B, n) -> (B, n)."""

@@ -14,6 +14,7 @@ A layer can also attend to a TRAMS-selected window of its memory (`longctx.metho
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +23,8 @@ from torch import Tensor, nn
 
 from longctx.methods.transformer_xl.trams import (
     TramsSettings,
-    gather_slots,
+    gather_rows,
     oracle_scores,
-    score_matrix,
-    scores_from_matrix,
     select_memory,
     trams_scores,
     window_index,
@@ -81,25 +80,37 @@ def window_mask(key_valid: Tensor, n: int, same_length: int | None = None) -> Te
     return key_valid[:, :, None, :] & allowed
 
 
+def _cat_slots(name: str, old: Tensor, new: Tensor) -> Tensor:
+    """[old, new] along the slot dim of keys and values (B, H, P, Dh)."""
+    return torch.cat([old.to(new.dtype), new], dim=-2)
+
+
 @dataclass
 class AttentionOutput:
     """out: (B, n, d) layer output; mem_mass: mean over (B, H, n) of the probability on the attended
-    memory keys (None unless asked); selected: (B, H, k) TRAMS-selected pool indices or None; window:
-    (B, H, W) the attended positions in [pool, segment] under TRAMS, else None; probs: (B, H, n, W) and
+    memory keys (None unless asked); selected: (B, H, k) TRAMS-selected pool indices or None; pool,
+    kept: the pool's slots P and kept block under TRAMS (for `window`); probs: (B, H, n, W) and
     heads: (B, H, n, Dh) per-head attention vectors (only with `need_weights`); kv: keys and values
     of [memory, segment] (B, H, P + n, Dh) before any selection (for a key/value cache); score: TRAMS
-    scores of [memory, segment] (B, H, P + n) and score_matrix: the layer's `trams.score_matrix` (only
-    with `need_score`, for the score cache)."""
+    scores of the memory's P slots (B, H, P) when `need_score` scored them (to start the score cache)."""
 
     out: Tensor
     mem_mass: Tensor | None = None
     selected: Tensor | None = None
-    window: Tensor | None = None
+    pool: int = 0
+    kept: int = 0
     probs: Tensor | None = None
     heads: Tensor | None = None
     kv: tuple[Tensor, Tensor] | None = None
     score: Tensor | None = None
-    score_matrix: Tensor | None = None
+
+    @property
+    def window(self) -> Tensor | None:
+        """(B, H, W) the attended positions in [pool, segment] under TRAMS, else None (computed on
+        demand: the forward needs only the selected slots)."""
+        if self.selected is None:
+            return None
+        return window_index(self.selected, self.pool, self.kept, self.out.shape[1])
 
 
 class RelMultiHeadAttention(nn.Module):
@@ -168,7 +179,7 @@ class RelMultiHeadAttention(nn.Module):
         mem_kv: tuple[Tensor, Tensor] | None = None,
         mem_score: Tensor | None = None,
         need_score: bool = False,
-        mem_score_matrix: Tensor | None = None,
+        extend: Callable[[str, Tensor, Tensor], Tensor] | None = None,
     ) -> AttentionOutput:
         """x: (B, n, d) segment; mem: (B, P, d) memory (P may be 0); mem_valid: (B, P) bool;
         pos_emb: (klen >= P + n, d) sinusoid of positions klen−1 … 0; r_w_bias, r_r_bias: (H, Dh);
@@ -176,40 +187,37 @@ class RelMultiHeadAttention(nn.Module):
         the memory (at most `trams.attended` keys) instead of all of it; mem_kv: the memory's keys
         and values (B, H, P, Dh) when cached (evaluation), else they are projected from mem;
         mem_score: the TRAMS scores (B, H, P) of the cached keys `mem_kv[0]` (the score cache), else
-        the selectable slots are scored now; need_score: return the scores of [memory, segment]
-        (`AttentionOutput.score`), computing only the segment's when `mem_score` is given;
-        mem_score_matrix: this layer's `trams.score_matrix` when cached, else computed here."""
+        the selectable slots are scored now; need_score: without `mem_score`, score all P memory
+        slots and return them (`AttentionOutput.score`, to start the score cache; the segment's keys
+        are scored by the network, all layers at once); extend: how the cached memory's keys and
+        values are joined with the segment's, extend(field, memory's, segment's) (the network's
+        `SlotAppender`, in place), else `torch.cat`."""
         B, n, _ = x.shape
         P = mem.shape[1]
         HD = self.n_heads * self.d_head
         w_q, w_kv = self.qkv_net.weight[:HD], self.qkv_net.weight[HD:]
         x_in = self.layer_norm(x) if self.pre_lnorm else x
         q = self._heads(F.linear(x_in, w_q))  # (B, H, n, Dh); the code also projects the memory's queries
+        join = extend or _cat_slots
         if mem_kv is not None:
             k, v = (self._heads(t) for t in F.linear(x_in, w_kv).split(HD, dim=-1))
-            k, v = torch.cat([mem_kv[0], k], dim=2), torch.cat([mem_kv[1], v], dim=2)
+            k, v = join("key", mem_kv[0], k), join("value", mem_kv[1], v)
         else:
             cat = torch.cat([mem, x], dim=1) if P else x  # (B, P + n, d)
             cat_in = self.layer_norm(cat) if self.pre_lnorm else cat
             k, v = (self._heads(t) for t in F.linear(cat_in, w_kv).split(HD, dim=-1))
         kv = (k, v)  # (B, H, P + n, Dh), what a key/value cache keeps
         key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, n)], dim=1)[:, None, :]  # (B, 1, P + n)
-        score = S = None  # score: (B, H, P + n), each slot scored once, when it enters the pool
-        if need_score:
+        score = mem_score  # (B, H, P): each slot scored once, when it enters the pool (the score cache)
+        if need_score and mem_score is None:
             if trams is None or not trams.scores_cacheable:
                 raise ValueError("need_score needs TRAMS with the 'code' or 'paper' metric")
-            S = (
-                score_matrix(self.query_weight(), trams.metric)
-                if mem_score_matrix is None
-                else mem_score_matrix
-            )
-            fresh = scores_from_matrix(k if mem_score is None else k[:, :, P:], S)
-            score = fresh if mem_score is None else torch.cat([mem_score.to(fresh.dtype), fresh], dim=-1)
-        elif mem_score is not None:
-            score = mem_score
-        selected = window = None
+            # Slots without a token score −inf: never preferred to real ones.
+            score = trams_scores(k[:, :, :P], self.query_weight(), trams.metric)
+            score = score.masked_fill(~key_valid[..., :P], float("-inf"))
+        selected = None
         if trams is not None and P > 0:
-            selected, window, k, v, key_valid, bd = self._trams_window(
+            selected, k, v, key_valid, bd = self._trams_window(
                 q, k, v, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length, score
             )
             same_length = trams.attended if same_length is not None else None
@@ -228,12 +236,12 @@ class RelMultiHeadAttention(nn.Module):
             out=out,
             mem_mass=mem_mass,
             selected=selected,
-            window=window,
+            pool=P,
+            kept=min(trams.kept, P) if trams is not None else 0,
             probs=probs if need_weights else None,
             heads=attn if need_weights else None,
             kv=kv,
-            score=score if need_score else None,
-            score_matrix=S,
+            score=score if need_score and mem_score is None else None,
         )
 
     def _trams_window(
@@ -248,15 +256,15 @@ class RelMultiHeadAttention(nn.Module):
         trams: TramsSettings,
         same_length: int | None,
         score: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """Select the attended window [selected, kept, segment] of the pool (per batch row and head).
 
-        score: the slots' TRAMS scores (B, H, >= P − kept) when known (the score cache), else the
-        selectable slots are scored here. Returns the selected pool indices (B, H, k), the window
-        positions (B, H, W) and the window's keys, values (B, H, W, Dh), key validity (B, H, W) and,
+        score: the slots' TRAMS scores (B, H, >= P − kept), −inf where a slot holds no token, when
+        known (the score cache), else the selectable slots are scored here. Returns the selected pool
+        indices (B, H, k) and the window's keys, values (B, H, W, Dh), key validity (B, H, W) and,
         for true positions, the position term (B, H, n, W) (None for compact positions: the caller
-        uses the last W sinusoid rows). Only the k selected slots are gathered; the kept block and
-        the segment are one slice.
+        uses the last W sinusoid rows). Only the k selected slots are gathered (`gather_rows`, from the
+        cache's buffer or this segment's projection); the kept block and the segment are one slice.
         """
         B, H, n, _ = q.shape
         P = k.shape[2] - n
@@ -269,15 +277,14 @@ class RelMultiHeadAttention(nn.Module):
             scores = self._scores(q, k, None, full_bd, u, vb)
             probs = self._softmax(scores, window_mask(key_valid, n, same_length))
             metric = oracle_scores(probs, n_selectable)
-        elif score is not None:
+        elif score is not None:  # cached: already −inf where a slot holds no token
             metric = score[..., :n_selectable]
         else:
             metric = trams_scores(k[:, :, :n_selectable], self.query_weight(), trams.metric)
-        # Missing slots (empty memory of a reset row) are never preferred to real ones.
-        metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
+        if score is None:  # missing slots (empty memory of a reset row) are never preferred to real ones
+            metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
         selected = select_memory(metric, trams.selected)  # (B, H, k)
-        window = window_index(selected, P, trams.kept, n)  # (B, H, W)
-        k_sel, v_sel = gather_slots(selected, k, v)
+        k_sel, v_sel = gather_rows(selected, k, v)  # (B, H, k, Dh); the rest is one slice
         k_w = torch.cat([k_sel, k[:, :, n_selectable:]], dim=2)
         v_w = torch.cat([v_sel, v[:, :, n_selectable:]], dim=2)
         valid_sel = key_valid.expand(B, H, -1).gather(2, selected)
@@ -286,4 +293,4 @@ class RelMultiHeadAttention(nn.Module):
         if trams.positions == "true":
             bd_sel = full_bd.gather(3, selected[:, :, None, :].expand(-1, -1, n, -1))
             bd = torch.cat([bd_sel, full_bd[..., n_selectable:]], dim=-1)
-        return selected, window, k_w, v_w, valid_w, bd
+        return selected, k_w, v_w, valid_w, bd

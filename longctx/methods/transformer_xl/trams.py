@@ -10,7 +10,8 @@ the older slots, per layer, head and batch row. What the released code (lwaekfjl
   term, no u bias, no query). The paper (§3.2) writes cos⟨K′, 1⟩·‖K′‖, which equals ΣK′/√d_model
   (signed); it is the option `metric="paper"`.
 - Both are computed without materialising K′ (d_model-sized per head and token, the code's cost):
-  ‖K′‖² = kᵀ G k with G = W_Q⁽ʰ⁾ W_Q⁽ʰ⁾ᵀ (d_head × d_head) and ΣK′ = (W_Q⁽ʰ⁾ 1)·k.
+  ‖K′‖ = ‖R k‖ with R (d_head × d_head) the triangular factor of W_Q⁽ʰ⁾ᵀ = QR (Q orthonormal
+  columns, so ‖Q y‖ = ‖y‖), and ΣK′ = (W_Q⁽ʰ⁾ 1)·k.
 - The k selected tokens are put back in time order in front of the kept block. The code then slices
   the last m + n relative position embeddings, i.e. treats the selected tokens as if they sat right
   before the kept block (`positions="compact"`, the default); `positions="true"` keeps their real
@@ -18,7 +19,7 @@ the older slots, per layer, head and batch row. What the released code (lwaekfjl
 - A slot's "code" or "paper" score depends only on its key, and the released code recomputes it
   for every old pool slot at every segment. With the evaluation key/value cache we score a slot once,
   when it enters the pool, and carry the score with its key and value (`XLMemory.score`), with the
-  per-layer `score_matrix` [G | s] that scores new keys (`XLMemory.score_matrix`, computed once); the
+  per-layer `score_matrix` [Rᵀ | s] that scores new keys (`XLMemory.score_matrix`, computed once); the
   selection is the same, the cost is H·(Dh² + 2·Dh) per new token instead of per pool slot. Without
   the key/value cache the keys are projected again every segment, and so scored again (the released
   computation; the projection dominates that path anyway).
@@ -33,6 +34,7 @@ the older slots, per layer, head and batch row. What the released code (lwaekfjl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,35 +76,55 @@ class TramsSettings:
         return self.metric != "oracle"
 
 
-def query_gram(w_q: Tensor) -> tuple[Tensor, Tensor]:
-    """w_q: (H, Dh, D), each head's query projection. Returns G = W_Q W_Qᵀ (H, Dh, Dh) and
-    s = W_Q 1 (H, Dh), so that ‖W_Qᵀk‖² = kᵀGk and Σ(W_Qᵀk) = s·k."""
-    return w_q @ w_q.transpose(-1, -2), w_q.sum(-1)
+def query_factor(w_q: Tensor) -> tuple[Tensor, Tensor]:
+    """w_q: (H, Dh, D), each head's query projection. Returns R (H, Dh, Dh), the triangular factor of
+    W_Qᵀ = QR (Q with orthonormal columns), and s = W_Q 1 (H, Dh), so that ‖W_Qᵀk‖ = ‖Rk‖ and
+    Σ(W_Qᵀk) = s·k: the reformulated key's norm and sum from d_head-sized products."""
+    exact = w_q if w_q.dtype in (torch.float32, torch.float64) else w_q.float()  # no half-precision QR
+    R = torch.linalg.qr(exact.transpose(-1, -2)).R.to(w_q.dtype)
+    return R, w_q.sum(-1)
 
 
 def score_matrix(w_q: Tensor, metric: Literal["code", "paper"] = "code") -> Tensor:
     """The per-head matrix S with which one product k @ S scores keys (`scores_from_matrix`).
 
-    w_q: (H, Dh, D). "code": S = [G | s] (H, Dh, Dh + 1), so that k @ S = [Gk | s·k] with
-    ‖K′‖² = kᵀGk and ΣK′ = s·k; "paper": S = s/√D (H, Dh, 1). S depends on the weights only: the
+    w_q: (H, Dh, D). "code": S = [Rᵀ | s] (H, Dh, Dh + 1), so that k @ S = [Rk | s·k] with
+    ‖K′‖ = ‖Rk‖ and ΣK′ = s·k; "paper": S = s/√D (H, Dh, 1). S depends on the weights only: the
     score cache computes it once per memory and carries it (`XLMemory.score_matrix`).
     """
     if metric not in ("code", "paper"):
         raise ValueError(f"TRAMS scores are cached for 'code' or 'paper', got {metric!r}")
     if metric == "paper":
         return w_q.sum(-1)[..., None] / math.sqrt(w_q.shape[-1])
-    G, s = query_gram(w_q)
-    return torch.cat([G, s[..., None]], dim=-1)
+    R, s = query_factor(w_q)
+    return torch.cat([R.transpose(-1, -2), s[..., None]], dim=-1)
+
+
+def layer_scores(keys: Sequence[Tensor], S: Tensor) -> Tensor:
+    """Scores (L, B, H, n) of every layer's keys keys[l] (B, H, n, Dh) with its `score_matrix` S[l]
+    (S: (L, H, Dh, ·)): ‖K′‖·|ΣK′| = ‖Rk‖·|s·k| ("code", Dh + 1 columns) or ΣK′/√D ("paper", 1).
+
+    One batched product for all layers and heads, (B·n × Dh) @ (Dh × ·) each: with the score cache
+    only the segment's n keys per layer are scored, once, after the layers (a key entering the pool
+    is not selectable in its own segment), so a handful of small operations serve every layer.
+    """
+    L, H, Dh, columns = S.shape
+    B, _, n, _ = keys[0].shape
+    S = S if S.dtype == keys[0].dtype else S.to(keys[0].dtype)
+    rows = torch.stack([k.transpose(0, 1) for k in keys]).view(L * H, B * n, Dh)  # one copy
+    y = torch.bmm(rows, S.view(L * H, Dh, columns))  # (L·H, B·n, Dh + 1) or (L·H, B·n, 1)
+    score = y[..., 0] if columns == 1 else _norm_times_abs_sum(y)
+    return score.view(L, H, B, n).transpose(1, 2)
+
+
+def _norm_times_abs_sum(y: Tensor) -> Tensor:
+    """‖Rk‖·|s·k| from y = [Rk | s·k] (..., Dh + 1)."""
+    return torch.linalg.vector_norm(y[..., :-1], dim=-1) * y[..., -1].abs()
 
 
 def scores_from_matrix(k: Tensor, S: Tensor) -> Tensor:
-    """Scores (B, H, P) of keys k (B, H, P, Dh) with a `score_matrix` S: ‖K′‖·|ΣK′| = √(kᵀGk)·|s·k|
-    ("code", Dh + 1 columns) or ΣK′/√D ("paper", 1 column)."""
-    y = k @ S.to(k.dtype)  # (B, H, P, Dh + 1) or (B, H, P, 1)
-    if S.shape[-1] == 1:
-        return y[..., 0]
-    norm2 = torch.linalg.vecdot(y[..., :-1], k).clamp_min(0.0)  # kᵀGk = ‖K′‖²
-    return norm2.sqrt() * y[..., -1].abs()
+    """Scores (B, H, P) of one layer's keys k (B, H, P, Dh) with its `score_matrix` S (H, Dh, ·)."""
+    return layer_scores([k], S[None])[0]
 
 
 def trams_scores(k: Tensor, w_q: Tensor, metric: Literal["code", "paper"] = "code") -> Tensor:
@@ -126,21 +148,35 @@ def select_memory(scores: Tensor, k: int) -> Tensor:
     return scores.topk(k, dim=-1).indices.sort(dim=-1).values
 
 
-def gather_slots(index: Tensor, *tensors: Tensor) -> list[Tensor]:
-    """The rows t[b, h, index[b, h]] of each t (B, H, T, Dh): index (B, H, k) -> (B, H, k, Dh) each.
+def gather_rows(index: Tensor, *tensors: Tensor) -> list[Tensor]:
+    """The rows t[b, h, index[b, h]] of each t (B, H, T, Dh): index (B, H, W) -> (B, H, W, Dh) each.
 
-    A contiguous t (the key/value cache) is read with `index_select` on its flattened rows, which
-    copies whole Dh-sized rows (several times faster on CPU than `gather` with an index expanded over
-    Dh); any other layout (keys projected this segment) falls back to `gather`.
+    When t's Dh-sized rows are contiguous and its strides are whole rows (the cache, a view of its
+    `SlotStore` buffer; keys projected this segment, (B, T, H, Dh) transposed), the rows are read with
+    one `index_select` over t's storage viewed as rows, which copies whole rows (several times faster
+    on CPU than `gather` with an index expanded over Dh); any other layout falls back to `gather`.
+    Tensors of the same layout (keys and values) share one row index.
     """
-    B, H, T, _ = tensors[0].shape
-    rows = (torch.arange(B * H, device=index.device).view(B, H, 1) * T + index).flatten()  # (B·H·k,)
-    return [
-        t.view(B * H * T, -1).index_select(0, rows).view(B, H, -1, t.shape[-1])
-        if t.is_contiguous()
-        else t.gather(2, index[..., None].expand(-1, -1, -1, t.shape[-1]))
-        for t in tensors
-    ]
+    out, rows_of = [], {}
+    for t in tensors:
+        B, H, _, Dh = t.shape
+        layout = (*t.stride(), t.storage_offset())
+        if t.stride(-1) != 1 or 0 in layout[:3] or any(x % Dh for x in layout[:3] + layout[4:]):
+            out.append(t.gather(2, index[..., None].expand(-1, -1, -1, Dh)))
+            continue
+        if layout not in rows_of:
+            s_b, s_h, s_t, _, offset = (x // Dh for x in layout)
+            if s_b == H * s_h:  # (b, h) rows evenly spaced (the cache's buffers)
+                first = torch.arange(offset, offset + B * s_b, s_h, device=index.device).view(B, H, 1)
+            else:
+                first = torch.arange(offset, offset + B * s_b, s_b, device=index.device)[:, None, None]
+                first = first + torch.arange(0, H * s_h, s_h, device=index.device)[:, None]
+            # first: (B, H, 1), the row of t[b, h, 0] in t's storage
+            rows_of[layout] = (first + (index if s_t == 1 else index * s_t)).flatten()  # (B·H·W,)
+        n_rows = t.untyped_storage().nbytes() // (t.element_size() * Dh)
+        storage_rows = t.as_strided((n_rows, Dh), (Dh, 1), 0)  # all of t's storage, row by row
+        out.append(storage_rows.index_select(0, rows_of[layout]).view(B, H, -1, Dh))
+    return out
 
 
 def window_index(selected: Tensor, pool: int, kept: int, n: int) -> Tensor:
