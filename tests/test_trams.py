@@ -329,19 +329,22 @@ def test_score_cache_selects_and_outputs_as_scoring_every_segment(metric, positi
     zero_fill = first == "zero"  # TRAMS's protocol (zero-filled pool) or XL's (empty memory)
     memory = model.zero_memory(2, 16) if zero_fill else model.empty_memory(2)
     resets = {2: zero_fill, 5: zero_fill}  # row 0 starts a document after segments 2 and 5
-    for a, b, c in score_cache_streams(model, x, memory, settings, 16, resets):
-        for cached, rescored, plain in zip(a.attn, b.attn, c.attn):
-            if cached.selected is not None or plain.selected is not None:
-                assert torch.equal(cached.selected, rescored.selected)
-                assert torch.equal(cached.selected, plain.selected)
-        assert torch.equal(a.hidden, b.hidden)  # same keys, same selection: the same computation
-        torch.testing.assert_close(a.hidden, c.hidden)
-        # The carried scores are those of the carried keys, −inf where a slot holds no token.
-        empty = ~a.memory.valid[:, None, :]
-        for layer, key, score in zip(model.layers, a.memory.key, a.memory.score):
-            assert score.shape == key.shape[:3]
-            expected = trams_scores(key, layer.attn.query_weight(), metric).masked_fill(empty, float("-inf"))
-            torch.testing.assert_close(score, expected)
+    with torch.no_grad():  # evaluation: the cache is appended in place (`slot_store.py`)
+        for a, b, c in score_cache_streams(model, x, memory, settings, 16, resets):
+            for cached, rescored, plain in zip(a.attn, b.attn, c.attn):
+                if cached.selected is not None or plain.selected is not None:
+                    assert torch.equal(cached.selected, rescored.selected)
+                    assert torch.equal(cached.selected, plain.selected)
+            assert torch.equal(a.hidden, b.hidden)  # same keys, same selection: the same computation
+            torch.testing.assert_close(a.hidden, c.hidden)
+            # The carried scores are those of the carried keys, −inf where a slot holds no token.
+            empty = ~a.memory.valid[:, None, :]
+            for layer, key, score in zip(model.layers, a.memory.key, a.memory.score):
+                assert score.shape == key.shape[:3]
+                expected = trams_scores(key, layer.attn.query_weight(), metric).masked_fill(
+                    empty, float("-inf")
+                )
+                torch.testing.assert_close(score, expected)
 
 
 def test_score_cache_scores_only_the_segment_once_the_pool_is_cached(monkeypatch):

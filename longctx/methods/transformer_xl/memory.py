@@ -111,7 +111,7 @@ def update_memory(
     key = [k[:, :, P + n - keep :].detach() for k, _ in kv]
     value = [v[:, :, P + n - keep :].detach() for _, v in kv]
     if score is not None:
-        score = score[..., P + n - keep :]
+        score = score[..., P + n - keep :].detach()
     if appender is None:
         return XLMemory(hidden, new_valid, key, value, score, score_matrix)
     return XLMemory(hidden, new_valid, key, value, score, score_matrix, appender.cursor())

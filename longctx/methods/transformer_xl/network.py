@@ -29,6 +29,7 @@ from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
     sinusoid_positions,
 )
+from longctx.methods.transformer_xl.slot_store import cat_slots
 from longctx.methods.transformer_xl.trams import TramsSettings, layer_scores, score_matrix
 
 
@@ -209,7 +210,8 @@ class TransformerXL(nn.Module):
         cached = memory.key if cache_kv else None
         cache_scores = cache_kv and trams is not None and trams.scores_cacheable
         scores = memory.score if cache_scores and cached is not None else None  # (L, B, H, P)
-        appender = memory.slot_appender(n, mem_len) if cache_kv else None  # cache formed in place
+        # The cache is formed in place without autograd (evaluation), else by concatenation.
+        appender = memory.slot_appender(n, mem_len) if cache_kv and not torch.is_grad_enabled() else None
         inputs, attns = [], []
         for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
             inputs.append(h)
@@ -236,7 +238,8 @@ class TransformerXL(nn.Module):
         if cache_scores:  # score the segment's keys of every layer at once, append them to the cache
             S = memory.score_matrix if scores is not None else self._score_matrices(trams)
             pool = scores if scores is not None else torch.stack([a.score for a in attns])
-            score = appender.extend("score", pool, layer_scores([k[:, :, P:] for k, _ in kv], S))
+            join = appender.extend if appender is not None else cat_slots
+            score = join("score", pool, layer_scores([k[:, :, P:] for k, _ in kv], S))
         new_memory = update_memory(memory, inputs, mem_len, kv, score, S, appender)
         return XLOutput(self.drop(h), new_memory, attns)
 

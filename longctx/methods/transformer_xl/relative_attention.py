@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.methods.transformer_xl.slot_store import cat_slots
 from longctx.methods.transformer_xl.trams import (
     TramsSettings,
     gather_rows,
@@ -78,11 +79,6 @@ def window_mask(key_valid: Tensor, n: int, same_length: int | None = None) -> Te
     if same_length is not None:
         allowed = allowed & (dist < same_length)
     return key_valid[:, :, None, :] & allowed
-
-
-def _cat_slots(name: str, old: Tensor, new: Tensor) -> Tensor:
-    """[old, new] along the slot dim of keys and values (B, H, P, Dh)."""
-    return torch.cat([old.to(new.dtype), new], dim=-2)
 
 
 @dataclass
@@ -191,14 +187,14 @@ class RelMultiHeadAttention(nn.Module):
         slots and return them (`AttentionOutput.score`, to start the score cache; the segment's keys
         are scored by the network, all layers at once); extend: how the cached memory's keys and
         values are joined with the segment's, extend(field, memory's, segment's) (the network's
-        `SlotAppender`, in place), else `torch.cat`."""
+        `SlotAppender`, in place), else `cat_slots`."""
         B, n, _ = x.shape
         P = mem.shape[1]
         HD = self.n_heads * self.d_head
         w_q, w_kv = self.qkv_net.weight[:HD], self.qkv_net.weight[HD:]
         x_in = self.layer_norm(x) if self.pre_lnorm else x
         q = self._heads(F.linear(x_in, w_q))  # (B, H, n, Dh); the code also projects the memory's queries
-        join = extend or _cat_slots
+        join = extend or cat_slots
         if mem_kv is not None:
             k, v = (self._heads(t) for t in F.linear(x_in, w_kv).split(HD, dim=-1))
             k, v = join("key", mem_kv[0], k), join("value", mem_kv[1], v)

@@ -10,6 +10,9 @@ the memory's, in place, and viewing the P + n slots. When the room runs out, the
 copied to the front of the same buffers (a "compaction"), about once every (P + n) / n segments, so
 no memory-sized copy is made per segment and no buffer is allocated after the first.
 
+Only without autograd (evaluation under `torch.no_grad` or `inference_mode`): with gradients on,
+the cache joins with `cat_slots` as before, so no buffer carries a graph from segment to segment.
+
 In place means a memory's tensors are overwritten by later segments, as a static key/value cache's:
 a forward may continue only the newest memory of its store in place; continuing an older one (a
 second forward from the same memory) copies it into a new store, which is exact as long as its slots
@@ -61,6 +64,11 @@ class SlotCursor:
         return store.generation == self.generation or (
             store.generation == self.generation + 1 and store.end <= self.end - P
         )
+
+
+def cat_slots(name: str, old: Tensor, new: Tensor) -> Tensor:
+    """[old, new] along the field's slot dim, a new tensor (what `SlotAppender.extend` forms in place)."""
+    return torch.cat([old.to(new.dtype), new], dim=SLOT_DIM[name])
 
 
 class SlotAppender:
