@@ -259,8 +259,9 @@ class RelMultiHeadAttention(nn.Module):
         known (the score cache), else the selectable slots are scored here. Returns the selected pool
         indices (B, H, k) and the window's keys, values (B, H, W, Dh), key validity (B, H, W) and,
         for true positions, the position term (B, H, n, W) (None for compact positions: the caller
-        uses the last W sinusoid rows). Only the k selected slots are gathered (`gather_rows`, from the
-        cache's buffer or this segment's projection); the kept block and the segment are one slice.
+        uses the last W sinusoid rows). The window's keys and values are each one `index_select` of
+        their W rows (`gather_rows`), from the cache's buffer or this segment's projection: on CPU
+        faster than gathering the k selected rows and concatenating the kept block.
         """
         B, H, n, _ = q.shape
         P = k.shape[2] - n
@@ -280,13 +281,10 @@ class RelMultiHeadAttention(nn.Module):
         if score is None:  # missing slots (empty memory of a reset row) are never preferred to real ones
             metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
         selected = select_memory(metric, trams.selected)  # (B, H, k)
-        k_sel, v_sel = gather_rows(selected, k, v)  # (B, H, k, Dh); the rest is one slice
-        k_w = torch.cat([k_sel, k[:, :, n_selectable:]], dim=2)
-        v_w = torch.cat([v_sel, v[:, :, n_selectable:]], dim=2)
-        valid_sel = key_valid.expand(B, H, -1).gather(2, selected)
-        valid_w = torch.cat([valid_sel, key_valid[..., n_selectable:].expand(B, H, -1)], dim=-1)
+        window = window_index(selected, P, trams.kept, n)  # (B, H, W)
+        k_w, v_w = gather_rows(window, k, v)  # one index_select each, the kept block included
+        valid_w = key_valid.expand(B, H, -1).gather(2, window)
         bd = None
         if trams.positions == "true":
-            bd_sel = full_bd.gather(3, selected[:, :, None, :].expand(-1, -1, n, -1))
-            bd = torch.cat([bd_sel, full_bd[..., n_selectable:]], dim=-1)
+            bd = full_bd.gather(3, window[:, :, None, :].expand(-1, -1, n, -1))
         return selected, k_w, v_w, valid_w, bd

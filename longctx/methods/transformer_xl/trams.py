@@ -145,7 +145,7 @@ def oracle_scores(probs: Tensor, n_selectable: int) -> Tensor:
 def select_memory(scores: Tensor, k: int) -> Tensor:
     """Indices of the k best scores along the last dim, in time order: (B, H, S) -> (B, H, k)."""
     k = min(k, scores.shape[-1])
-    return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+    return scores.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
 
 
 def gather_rows(index: Tensor, *tensors: Tensor) -> list[Tensor]:
@@ -160,23 +160,28 @@ def gather_rows(index: Tensor, *tensors: Tensor) -> list[Tensor]:
     out, rows_of = [], {}
     for t in tensors:
         B, H, _, Dh = t.shape
-        layout = (*t.stride(), t.storage_offset())
-        if t.stride(-1) != 1 or 0 in layout[:3] or any(x % Dh for x in layout[:3] + layout[4:]):
-            out.append(t.gather(2, index[..., None].expand(-1, -1, -1, Dh)))
-            continue
-        if layout not in rows_of:
-            s_b, s_h, s_t, _, offset = (x // Dh for x in layout)
-            if s_b == H * s_h:  # (b, h) rows evenly spaced (the cache's buffers)
-                first = torch.arange(offset, offset + B * s_b, s_h, device=index.device).view(B, H, 1)
-            else:
-                first = torch.arange(offset, offset + B * s_b, s_b, device=index.device)[:, None, None]
-                first = first + torch.arange(0, H * s_h, s_h, device=index.device)[:, None]
-            # first: (B, H, 1), the row of t[b, h, 0] in t's storage
-            rows_of[layout] = (first + (index if s_t == 1 else index * s_t)).flatten()  # (B·H·W,)
-        n_rows = t.untyped_storage().nbytes() // (t.element_size() * Dh)
-        storage_rows = t.as_strided((n_rows, Dh), (Dh, 1), 0)  # all of t's storage, row by row
-        out.append(storage_rows.index_select(0, rows_of[layout]).view(B, H, -1, Dh))
+        s_b, s_h, s_t, s_d = t.stride()
+        layout = (s_b, s_h, s_t, t.storage_offset())
+        rows = rows_of.get(layout)
+        if rows is None:
+            if s_d != 1 or 0 in layout[:3] or any(x % Dh for x in layout):
+                out.append(t.gather(2, index[..., None].expand(-1, -1, -1, Dh)))
+                continue
+            rows = rows_of[layout] = _storage_rows(index, *(x // Dh for x in layout))
+        storage_rows = t.as_strided((t.untyped_storage().nbytes() // (t.element_size() * Dh), Dh), (Dh, 1), 0)
+        out.append(storage_rows.index_select(0, rows).view(B, H, -1, Dh))
     return out
+
+
+def _storage_rows(index: Tensor, s_b: int, s_h: int, s_t: int, offset: int) -> Tensor:
+    """(B·H·W,) the storage rows (in units of Dh) of t[b, h, index[b, h]] for strides and offset in rows."""
+    B, H, _ = index.shape
+    if s_b == H * s_h:  # (b, h) blocks evenly spaced (the cache's buffers)
+        first = torch.arange(offset, offset + B * s_b, s_h, device=index.device).view(B, H, 1)
+    else:
+        first = torch.arange(offset, offset + B * s_b, s_b, device=index.device)[:, None, None]
+        first = first + torch.arange(0, H * s_h, s_h, device=index.device)[:, None]
+    return (first + (index if s_t == 1 else index * s_t)).flatten()  # first: the row of t[b, h, 0]
 
 
 def window_index(selected: Tensor, pool: int, kept: int, n: int) -> Tensor:
