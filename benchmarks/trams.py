@@ -70,7 +70,7 @@ def released_forward(
     trams: TramsSettings | None = None,
     need_mass: bool = False,
     need_weights: bool = False,
-    mem_kv: tuple[Tensor, Tensor] | None = None,
+    mem_kv: Tensor | None = None,
 ) -> AttentionOutput:
     """The released TRAMS attention (post-LN, all memory slots real), restated batch-first."""
     B, n, d = x.shape

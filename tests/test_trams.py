@@ -284,10 +284,18 @@ def test_trams_macs_per_token_by_hand():
 # ---------------------------------------------------------------------------------- the score cache
 def test_gather_rows_equals_gather_for_any_layout():
     torch.manual_seed(0)
-    index = torch.tensor([[[0, 3], [1, 2], [4, 5]], [[2, 5], [0, 1], [3, 4]]])  # (B, H, k)
-    for t in (torch.randn(2, H, 6, DH), torch.randn(2, 6, H, DH).transpose(1, 2)):  # contiguous or not
-        expected = t.gather(2, index[..., None].expand(-1, -1, -1, DH))
-        assert torch.equal(gather_rows(index, t)[0], expected)
+    index = torch.tensor([[[0, 3], [1, 2], [4, 5]], [[2, 5], [0, 1], [3, 4]]])  # (B, H, W)
+    layouts = (
+        torch.randn(2, H, 6, DH),  # contiguous
+        torch.randn(2, 6, H, DH).transpose(1, 2),  # projected keys
+        torch.randn(2, H, 9, DH)[:, :, 2:8],  # a view of a cache buffer
+        torch.randn(2, 2, H, 9, DH)[..., 1:7, :],  # keys and values of a cache buffer
+        torch.randn(2, 6, 2, H, DH).permute(2, 0, 3, 1, 4),  # projected keys and values
+        torch.randn(2, H, 6, 2 * DH)[..., :DH],  # rows not contiguous in storage: gather
+    )
+    for t in layouts:
+        expected = t.gather(-2, index[..., None].expand(*t.shape[:-2], -1, DH))
+        assert torch.equal(gather_rows(index, t), expected)
 
 
 def score_cache_streams(model, x, memory, settings, mem_len, resets):

@@ -32,8 +32,9 @@ class XLMemory(NamedTuple):
 
     hidden: per layer (B, P, d), the layer's last P inputs (layer 0: the embedding output).
     valid: (B, P) bool, the slot holds a real token (False: empty slot of a reset row, masked).
-    key, value: per layer (B, H, P, Dh), W_K h and W_V h of `hidden` (the evaluation key/value cache),
-        or None (the next segment projects `hidden` again).
+    kv: per layer (2, B, H, P, Dh), the keys W_K h ([0], `key`) and values W_V h ([1], `value`) of
+        `hidden` (the evaluation key/value cache; one tensor, so that a TRAMS window gathers both
+        with one copy), or None (the next segment projects `hidden` again).
     score: (L, B, H, P), per layer the TRAMS score of each cached key under the metric of the TRAMS
         settings that wrote it, −inf where `valid` is False (the score cache; only with `key`), or
         None (scored again).
@@ -45,11 +46,20 @@ class XLMemory(NamedTuple):
 
     hidden: list[Tensor]
     valid: Tensor
-    key: list[Tensor] | None = None
-    value: list[Tensor] | None = None
+    kv: list[Tensor] | None = None
     score: Tensor | None = None
     score_matrix: Tensor | None = None
     slots: SlotCursor | None = None
+
+    @property
+    def key(self) -> list[Tensor] | None:
+        """Per layer the cached keys (B, H, P, Dh), or None."""
+        return None if self.kv is None else [kv[0] for kv in self.kv]
+
+    @property
+    def value(self) -> list[Tensor] | None:
+        """Per layer the cached values (B, H, P, Dh), or None."""
+        return None if self.kv is None else [kv[1] for kv in self.kv]
 
     def slot_appender(self, n: int, keep: int) -> SlotAppender:
         """The appender that forms [memory, segment] of this memory's cached tensors (`slot_store.py`)."""
@@ -77,14 +87,14 @@ def update_memory(
     memory: XLMemory,
     inputs: list[Tensor],
     mem_len: int,
-    kv: list[tuple[Tensor, Tensor]] | None = None,
+    kv: list[Tensor] | None = None,
     score: Tensor | None = None,
     score_matrix: Tensor | None = None,
     appender: SlotAppender | None = None,
 ) -> XLMemory:
     """Append each layer's segment input (B, n, d) to its memory and keep the last mem_len slots.
 
-    kv: per layer the keys and values of [memory, segment] (B, H, P + n, Dh) to cache, or None;
+    kv: per layer the keys and values of [memory, segment] (2, B, H, P + n, Dh) to cache, or None;
     score, score_matrix: the TRAMS scores of [memory, segment] (L, B, H, P + n) and the layers'
     score matrices to cache (with kv), or None; appender: the `SlotAppender` that formed kv and
     scores (with kv): the hidden states and validity are appended in place with them, and the new
@@ -108,13 +118,12 @@ def update_memory(
         ]
     if kv is None:
         return XLMemory(hidden, new_valid)
-    key = [k[:, :, P + n - keep :].detach() for k, _ in kv]
-    value = [v[:, :, P + n - keep :].detach() for _, v in kv]
+    kv = [t[..., P + n - keep :, :].detach() for t in kv]
     if score is not None:
         score = score[..., P + n - keep :].detach()
     if appender is None:
-        return XLMemory(hidden, new_valid, key, value, score, score_matrix)
-    return XLMemory(hidden, new_valid, key, value, score, score_matrix, appender.cursor())
+        return XLMemory(hidden, new_valid, kv, score, score_matrix)
+    return XLMemory(hidden, new_valid, kv, score, score_matrix, appender.cursor())
 
 
 def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:

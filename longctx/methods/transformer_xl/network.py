@@ -207,7 +207,7 @@ class TransformerXL(nn.Module):
         h = self.drop(self.word_emb(x))  # (B, n, d)
         pos_emb = self.drop(sinusoid_positions(P + n, self.d_model, clamp_len, h.device, h.dtype))
         limit = mem_len if same_length else None
-        cached = memory.key if cache_kv else None
+        cached = memory.kv if cache_kv else None
         cache_scores = cache_kv and trams is not None and trams.scores_cacheable
         scores = memory.score if cache_scores and cached is not None else None  # (L, B, H, P)
         # The cache is formed in place without autograd (evaluation), else by concatenation.
@@ -215,7 +215,6 @@ class TransformerXL(nn.Module):
         inputs, attns = [], []
         for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
             inputs.append(h)
-            mem_kv = (cached[i], memory.value[i]) if cached is not None else None
             h, attn = layer(
                 h,
                 mem.to(h.dtype),
@@ -227,7 +226,7 @@ class TransformerXL(nn.Module):
                 trams=trams,
                 need_mass=need_mass,
                 need_weights=need_weights,
-                mem_kv=mem_kv,
+                mem_kv=cached[i] if cached is not None else None,
                 mem_score=scores[i] if scores is not None else None,
                 need_score=cache_scores,
                 extend=partial(appender.extend, layer=i) if appender is not None else None,
@@ -239,7 +238,7 @@ class TransformerXL(nn.Module):
             S = memory.score_matrix if scores is not None else self._score_matrices(trams)
             pool = scores if scores is not None else torch.stack([a.score for a in attns])
             join = appender.extend if appender is not None else cat_slots
-            score = join("score", pool, layer_scores([k[:, :, P:] for k, _ in kv], S))
+            score = join("score", pool, layer_scores([t[0, :, :, P:] for t in kv], S))
         new_memory = update_memory(memory, inputs, mem_len, kv, score, S, appender)
         return XLOutput(self.drop(h), new_memory, attns)
 

@@ -86,9 +86,10 @@ class AttentionOutput:
     """out: (B, n, d) layer output; mem_mass: mean over (B, H, n) of the probability on the attended
     memory keys (None unless asked); selected: (B, H, k) TRAMS-selected pool indices or None; pool,
     kept: the pool's slots P and kept block under TRAMS (for `window`); probs: (B, H, n, W) and
-    heads: (B, H, n, Dh) per-head attention vectors (only with `need_weights`); kv: keys and values
-    of [memory, segment] (B, H, P + n, Dh) before any selection (for a key/value cache); score: TRAMS
-    scores of the memory's P slots (B, H, P) when `need_score` scored them (to start the score cache)."""
+    heads: (B, H, n, Dh) per-head attention vectors (only with `need_weights`); kv: keys [0] and
+    values [1] of [memory, segment] (2, B, H, P + n, Dh) before any selection (for a key/value
+    cache); score: TRAMS scores of the memory's P slots (B, H, P) when `need_score` scored them (to
+    start the score cache)."""
 
     out: Tensor
     mem_mass: Tensor | None = None
@@ -97,7 +98,7 @@ class AttentionOutput:
     kept: int = 0
     probs: Tensor | None = None
     heads: Tensor | None = None
-    kv: tuple[Tensor, Tensor] | None = None
+    kv: Tensor | None = None
     score: Tensor | None = None
 
     @property
@@ -141,6 +142,11 @@ class RelMultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
 
+    def _kv_heads(self, x: Tensor) -> Tensor:
+        """Projected keys and values (B, T, 2·H·Dh) -> (2, B, H, T, Dh), a view."""
+        B, T, _ = x.shape
+        return x.view(B, T, 2, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+
     def _positions(self, pos_emb: Tensor, W: int) -> Tensor:
         """Projected relative positions W−1 … 0: (H, W, Dh) (pos_emb holds positions klen−1 … 0)."""
         r = self.r_net(pos_emb[pos_emb.shape[0] - W :])
@@ -172,7 +178,7 @@ class RelMultiHeadAttention(nn.Module):
         trams: TramsSettings | None = None,
         need_mass: bool = False,
         need_weights: bool = False,
-        mem_kv: tuple[Tensor, Tensor] | None = None,
+        mem_kv: Tensor | None = None,
         mem_score: Tensor | None = None,
         need_score: bool = False,
         extend: Callable[[str, Tensor, Tensor], Tensor] | None = None,
@@ -181,7 +187,7 @@ class RelMultiHeadAttention(nn.Module):
         pos_emb: (klen >= P + n, d) sinusoid of positions klen−1 … 0; r_w_bias, r_r_bias: (H, Dh);
         same_length: keys per query limit (see `window_mask`); trams: attend to a TRAMS window of
         the memory (at most `trams.attended` keys) instead of all of it; mem_kv: the memory's keys
-        and values (B, H, P, Dh) when cached (evaluation), else they are projected from mem;
+        and values (2, B, H, P, Dh) when cached (evaluation), else they are projected from mem;
         mem_score: the TRAMS scores (B, H, P) of the cached keys `mem_kv[0]` (the score cache), else
         the selectable slots are scored now; need_score: without `mem_score`, score all P memory
         slots and return them (`AttentionOutput.score`, to start the score cache; the segment's keys
@@ -196,13 +202,12 @@ class RelMultiHeadAttention(nn.Module):
         q = self._heads(F.linear(x_in, w_q))  # (B, H, n, Dh); the code also projects the memory's queries
         join = extend or cat_slots
         if mem_kv is not None:
-            k, v = (self._heads(t) for t in F.linear(x_in, w_kv).split(HD, dim=-1))
-            k, v = join("key", mem_kv[0], k), join("value", mem_kv[1], v)
+            kv = join("kv", mem_kv, self._kv_heads(F.linear(x_in, w_kv)))
         else:
             cat = torch.cat([mem, x], dim=1) if P else x  # (B, P + n, d)
             cat_in = self.layer_norm(cat) if self.pre_lnorm else cat
-            k, v = (self._heads(t) for t in F.linear(cat_in, w_kv).split(HD, dim=-1))
-        kv = (k, v)  # (B, H, P + n, Dh), what a key/value cache keeps
+            kv = self._kv_heads(F.linear(cat_in, w_kv))
+        k, v = kv[0], kv[1]  # (B, H, P + n, Dh) each; kv is what a key/value cache keeps
         key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, n)], dim=1)[:, None, :]  # (B, 1, P + n)
         score = mem_score  # (B, H, P): each slot scored once, when it enters the pool (the score cache)
         if need_score and mem_score is None:
@@ -214,7 +219,7 @@ class RelMultiHeadAttention(nn.Module):
         selected = None
         if trams is not None and P > 0:
             selected, k, v, key_valid, bd = self._trams_window(
-                q, k, v, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length, score
+                q, kv, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length, score
             )
             same_length = trams.attended if same_length is not None else None
         else:
@@ -243,8 +248,7 @@ class RelMultiHeadAttention(nn.Module):
     def _trams_window(
         self,
         q: Tensor,
-        k: Tensor,
-        v: Tensor,
+        kv: Tensor,
         key_valid: Tensor,
         pos_emb: Tensor,
         u: Tensor,
@@ -259,11 +263,12 @@ class RelMultiHeadAttention(nn.Module):
         known (the score cache), else the selectable slots are scored here. Returns the selected pool
         indices (B, H, k) and the window's keys, values (B, H, W, Dh), key validity (B, H, W) and,
         for true positions, the position term (B, H, n, W) (None for compact positions: the caller
-        uses the last W sinusoid rows). The window's keys and values are each one `index_select` of
-        their W rows (`gather_rows`), from the cache's buffer or this segment's projection: on CPU
+        uses the last W sinusoid rows). The window's keys and values are one `index_select` of their
+        W rows each (`gather_rows`), from the cache's buffer or this segment's projection: on CPU
         faster than gathering the k selected rows and concatenating the kept block.
         """
         B, H, n, _ = q.shape
+        k = kv[0]  # (B, H, P + n, Dh)
         P = k.shape[2] - n
         n_selectable = max(P - trams.kept, 0)  # the older slots; [n_selectable:] = kept + segment
         full_bd = None
@@ -282,7 +287,7 @@ class RelMultiHeadAttention(nn.Module):
             metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
         selected = select_memory(metric, trams.selected)  # (B, H, k)
         window = window_index(selected, P, trams.kept, n)  # (B, H, W)
-        k_w, v_w = gather_rows(window, k, v)  # one index_select each, the kept block included
+        k_w, v_w = gather_rows(window, kv)  # one index_select for both, the kept block included
         valid_w = key_valid.expand(B, H, -1).gather(2, window)
         bd = None
         if trams.positions == "true":

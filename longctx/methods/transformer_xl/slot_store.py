@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-# The slot dim of each field: hidden (B, P, d), valid (B, P), key and value (B, H, P, Dh), and
-# score (L, B, H, P), all layers' in one buffer.
-SLOT_DIM = {"hidden": 1, "valid": 1, "key": 2, "value": 2, "score": 3}
+# The slot dim of each field: hidden (B, P, d), valid (B, P), keys and values kv (2, B, H, P, Dh),
+# and score (L, B, H, P), all layers' in one buffer.
+SLOT_DIM = {"hidden": 1, "valid": 1, "kv": 3, "score": 3}
 
 
 @dataclass(eq=False)
@@ -105,7 +105,7 @@ class SlotAppender:
     def extend(self, name: str, old: Tensor, new: Tensor, layer: int = 0) -> Tensor:
         """[old, new] along the field's slot dim (P + n slots), a view of the store's buffer.
 
-        old: the memory's P slots of field `name` (e.g. keys (B, H, P, Dh)); new: the segment's n.
+        old: the memory's P slots of field `name` (e.g. kv (2, B, H, P, Dh)); new: the segment's n.
         """
         dim = SLOT_DIM[name]
         dtype = old.dtype if old.dtype == new.dtype else torch.promote_types(old.dtype, new.dtype)

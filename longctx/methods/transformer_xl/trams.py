@@ -148,40 +148,40 @@ def select_memory(scores: Tensor, k: int) -> Tensor:
     return scores.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
 
 
-def gather_rows(index: Tensor, *tensors: Tensor) -> list[Tensor]:
-    """The rows t[b, h, index[b, h]] of each t (B, H, T, Dh): index (B, H, W) -> (B, H, W, Dh) each.
+def gather_rows(index: Tensor, t: Tensor) -> Tensor:
+    """The rows t[..., b, h, index[b, h], :] of t (..., B, H, T, Dh): index (B, H, W) -> (..., B, H, W, Dh).
 
     When t's Dh-sized rows are contiguous and its strides are whole rows (the cache, a view of its
-    `SlotStore` buffer; keys projected this segment, (B, T, H, Dh) transposed), the rows are read with
-    one `index_select` over t's storage viewed as rows, which copies whole rows (several times faster
-    on CPU than `gather` with an index expanded over Dh); any other layout falls back to `gather`.
-    Tensors of the same layout (keys and values) share one row index.
+    `SlotStore` buffer; keys and values projected this segment, (B, T, 2, H, Dh) permuted), the rows
+    are read with one `index_select` over t's storage viewed as rows, which copies whole rows
+    (several times faster on CPU than `gather` with an index expanded over Dh); any other layout
+    falls back to `gather`. The leading dims (e.g. keys and values) share the index.
     """
-    out, rows_of = [], {}
-    for t in tensors:
-        B, H, _, Dh = t.shape
-        s_b, s_h, s_t, s_d = t.stride()
-        layout = (s_b, s_h, s_t, t.storage_offset())
-        rows = rows_of.get(layout)
-        if rows is None:
-            if s_d != 1 or 0 in layout[:3] or any(x % Dh for x in layout):
-                out.append(t.gather(2, index[..., None].expand(-1, -1, -1, Dh)))
-                continue
-            rows = rows_of[layout] = _storage_rows(index, *(x // Dh for x in layout))
-        storage_rows = t.as_strided((t.untyped_storage().nbytes() // (t.element_size() * Dh), Dh), (Dh, 1), 0)
-        out.append(storage_rows.index_select(0, rows).view(B, H, -1, Dh))
-    return out
+    *blocks, _, Dh = t.shape
+    *block_strides, s_t, s_d = t.stride()
+    offset = t.storage_offset()
+    if s_d != 1 or 0 in block_strides or any(x % Dh for x in (*block_strides, s_t, offset)):
+        return t.gather(-2, index[..., None].expand(*blocks, -1, Dh))
+    rows = _storage_rows(index, blocks, [x // Dh for x in block_strides], s_t // Dh, offset // Dh)
+    storage_rows = t.as_strided((t.untyped_storage().nbytes() // (t.element_size() * Dh), Dh), (Dh, 1), 0)
+    return storage_rows.index_select(0, rows).view(*blocks, -1, Dh)
 
 
-def _storage_rows(index: Tensor, s_b: int, s_h: int, s_t: int, offset: int) -> Tensor:
-    """(B·H·W,) the storage rows (in units of Dh) of t[b, h, index[b, h]] for strides and offset in rows."""
-    B, H, _ = index.shape
-    if s_b == H * s_h:  # (b, h) blocks evenly spaced (the cache's buffers)
-        first = torch.arange(offset, offset + B * s_b, s_h, device=index.device).view(B, H, 1)
+def _storage_rows(index: Tensor, blocks: list[int], strides: list[int], s_t: int, offset: int) -> Tensor:
+    """The storage rows (in units of Dh) of t[..., b, h, index[b, h]], flattened, for t's block
+    shape (..., B, H), block strides and slot stride in rows, and storage offset in rows."""
+    device = index.device
+    if all(strides[i] == strides[i + 1] * blocks[i + 1] for i in range(len(blocks) - 1)):
+        # Evenly spaced blocks (the cache's buffers): one arange.
+        first = torch.arange(offset, offset + blocks[0] * strides[0], strides[-1], device=device)
+        first = first.view(*blocks, 1)
     else:
-        first = torch.arange(offset, offset + B * s_b, s_b, device=index.device)[:, None, None]
-        first = first + torch.arange(0, H * s_h, s_h, device=index.device)[:, None]
-    return (first + (index if s_t == 1 else index * s_t)).flatten()  # first: the row of t[b, h, 0]
+        first = torch.full([1] * (len(blocks) + 1), offset, device=device)
+        for dim, (size, stride) in enumerate(zip(blocks, strides)):
+            shape = [1] * (len(blocks) + 1)
+            shape[dim] = size
+            first = first + torch.arange(0, size * stride, stride, device=device).view(shape)
+    return (first + (index if s_t == 1 else index * s_t)).flatten()  # first: the row of t[..., 0, :]
 
 
 def window_index(selected: Tensor, pool: int, kept: int, n: int) -> Tensor:
