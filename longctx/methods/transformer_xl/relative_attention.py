@@ -71,14 +71,20 @@ def window_mask(key_valid: Tensor, n: int, same_length: int | None = None) -> Te
     every query sees the same number of keys, min(same_length, memory + i + 1) (the code's
     `same_length` mask with same_length = mem_len).
     """
+    return ~window_blocked(key_valid, n, same_length)
+
+
+def window_blocked(key_valid: Tensor, n: int, same_length: int | None = None) -> Tensor:
+    """The pairs `window_mask` does not allow, (B, H|1, n, W), formed from its small factors (what the
+    attention masks with: one pass over the n × W pairs fewer than negating the allowed ones)."""
     W = key_valid.shape[-1]
     i = torch.arange(n, device=key_valid.device)[:, None]
     j = torch.arange(W, device=key_valid.device)[None, :]
     dist = W - n + i - j  # (n, W)
-    allowed = dist >= 0
+    blocked = dist < 0
     if same_length is not None:
-        allowed = allowed & (dist < same_length)
-    return key_valid[:, :, None, :] & allowed
+        blocked = blocked | (dist >= same_length)
+    return ~key_valid[:, :, None, :] | blocked
 
 
 @dataclass
@@ -162,9 +168,9 @@ class RelMultiHeadAttention(nn.Module):
         return (ac + bd) * self.scale
 
     @staticmethod
-    def _softmax(scores: Tensor, allowed: Tensor) -> Tensor:
+    def _softmax(scores: Tensor, blocked: Tensor) -> Tensor:
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-        return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        return torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
 
     def forward(
         self,
@@ -227,8 +233,7 @@ class RelMultiHeadAttention(nn.Module):
         W = k.shape[2]
         r = self._positions(pos_emb, W) if bd is None else None
         scores = self._scores(q, k, r, bd, r_w_bias, r_r_bias)  # (B, H, n, W)
-        allowed = window_mask(key_valid, n, same_length)
-        probs = self._softmax(scores, allowed)
+        probs = self._softmax(scores, window_blocked(key_valid, n, same_length))
         mem_mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
         attn = self.dropatt(probs).to(v.dtype) @ v  # (B, H, n, Dh)
         out = self.drop(self.o_net(attn.transpose(1, 2).reshape(B, n, -1)))
@@ -277,7 +282,7 @@ class RelMultiHeadAttention(nn.Module):
             full_bd = rel_shift((q + vb[:, None, :]) @ r_full.transpose(-1, -2))  # (B, H, n, P + n)
         if trams.metric == "oracle":
             scores = self._scores(q, k, None, full_bd, u, vb)
-            probs = self._softmax(scores, window_mask(key_valid, n, same_length))
+            probs = self._softmax(scores, window_blocked(key_valid, n, same_length))
             metric = oracle_scores(probs, n_selectable)
         elif score is not None:  # cached: already −inf where a slot holds no token
             metric = score[..., :n_selectable]

@@ -23,7 +23,12 @@ the older slots, per layer, head and batch row. What the released code (lwaekfjl
   selection is the same, the cost is H·(Dh² + 2·Dh) per new token instead of per pool slot. Without
   the key/value cache the keys are projected again every segment, and so scored again (the released
   computation; the projection dominates that path anyway).
-- Only the k selected slots are gathered: the kept block and the segment stay one slice of the keys.
+- The segment's keys are never selectable in their own segment (the selectable slots are the pool's
+  older ones), so with the score cache the network scores every layer's new keys at once, after the
+  layers, in one batched product (`layer_scores`).
+- The window [selected, kept, segment] is gathered with one `index_select` of whole rows for keys
+  and values together (`gather_rows`), from the cache's buffers, which the segment's keys and values
+  are appended to in place (`slot_store.py`): no pool-sized copy per segment.
 - `metric="oracle"` (not in the released code, for analysis): the k older slots with the largest
   attention probability summed over the segment's n queries, where the probabilities are those of
   ordinary XL attention (true relative positions) over the whole pool plus the segment, computed per
