@@ -30,7 +30,13 @@ from longctx.methods.transformer_xl.relative_attention import (
     sinusoid_positions,
 )
 from longctx.methods.transformer_xl.slot_store import cat_slots
-from longctx.methods.transformer_xl.trams import TramsSettings, layer_scores, score_matrix
+from longctx.methods.transformer_xl.trams import (
+    TramsSelection,
+    TramsSettings,
+    layer_scores,
+    score_matrix,
+    select_windows,
+)
 
 
 class PositionwiseFF(nn.Module):
@@ -212,6 +218,10 @@ class TransformerXL(nn.Module):
         scores = memory.score if cache_scores and cached is not None else None  # (L, B, H, P)
         # The cache is formed in place without autograd (evaluation), else by concatenation.
         appender = memory.slot_appender(n, mem_len) if cache_kv and not torch.is_grad_enabled() else None
+        selections = None  # with the score cache, every layer's TRAMS window is selected here, at once
+        if scores is not None and P > 0:
+            key_valid = torch.cat([valid, valid.new_ones(x.shape[0], n)], dim=1)  # (B, P + n)
+            selections = select_windows(scores, key_valid, trams, n)
         inputs, attns = [], []
         for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
             inputs.append(h)
@@ -230,6 +240,7 @@ class TransformerXL(nn.Module):
                 mem_score=scores[i] if scores is not None else None,
                 need_score=cache_scores,
                 extend=partial(appender.extend, layer=i) if appender is not None else None,
+                selection=TramsSelection(*(t[i] for t in selections)) if selections is not None else None,
             )
             attns.append(attn)
         kv = [a.kv for a in attns] if cache_kv else None

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from longctx.methods.transformer_xl.slot_store import cat_slots
 from longctx.methods.transformer_xl.trams import (
+    TramsSelection,
     TramsSettings,
     gather_rows,
     oracle_scores,
@@ -188,6 +189,7 @@ class RelMultiHeadAttention(nn.Module):
         mem_score: Tensor | None = None,
         need_score: bool = False,
         extend: Callable[[str, Tensor, Tensor], Tensor] | None = None,
+        selection: TramsSelection | None = None,
     ) -> AttentionOutput:
         """x: (B, n, d) segment; mem: (B, P, d) memory (P may be 0); mem_valid: (B, P) bool;
         pos_emb: (klen >= P + n, d) sinusoid of positions klen−1 … 0; r_w_bias, r_r_bias: (H, Dh);
@@ -199,7 +201,9 @@ class RelMultiHeadAttention(nn.Module):
         slots and return them (`AttentionOutput.score`, to start the score cache; the segment's keys
         are scored by the network, all layers at once); extend: how the cached memory's keys and
         values are joined with the segment's, extend(field, memory's, segment's) (the network's
-        `SlotAppender`, in place), else `cat_slots`."""
+        `SlotAppender`, in place), else `cat_slots`; selection: this layer's TRAMS window when the
+        network selected every layer's from the score cache (`trams.select_windows`), else it is
+        selected here."""
         B, n, _ = x.shape
         P = mem.shape[1]
         HD = self.n_heads * self.d_head
@@ -225,7 +229,7 @@ class RelMultiHeadAttention(nn.Module):
         selected = None
         if trams is not None and P > 0:
             selected, k, v, key_valid, bd = self._trams_window(
-                q, kv, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length, score
+                q, kv, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length, score, selection
             )
             same_length = trams.attended if same_length is not None else None
         else:
@@ -261,11 +265,13 @@ class RelMultiHeadAttention(nn.Module):
         trams: TramsSettings,
         same_length: int | None,
         score: Tensor | None = None,
+        selection: TramsSelection | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """Select the attended window [selected, kept, segment] of the pool (per batch row and head).
 
         score: the slots' TRAMS scores (B, H, >= P − kept), −inf where a slot holds no token, when
-        known (the score cache), else the selectable slots are scored here. Returns the selected pool
+        known (the score cache), else the selectable slots are scored here; selection: the window
+        already selected (from the score cache, by the network). Returns the selected pool
         indices (B, H, k) and the window's keys, values (B, H, W, Dh), key validity (B, H, W) and,
         for true positions, the position term (B, H, n, W) (None for compact positions: the caller
         uses the last W sinusoid rows). The window's keys and values are one `index_select` of their
@@ -280,20 +286,22 @@ class RelMultiHeadAttention(nn.Module):
         if trams.positions == "true" or trams.metric == "oracle":
             r_full = self._positions(pos_emb, P + n)
             full_bd = rel_shift((q + vb[:, None, :]) @ r_full.transpose(-1, -2))  # (B, H, n, P + n)
-        if trams.metric == "oracle":
-            scores = self._scores(q, k, None, full_bd, u, vb)
-            probs = self._softmax(scores, window_blocked(key_valid, n, same_length))
-            metric = oracle_scores(probs, n_selectable)
-        elif score is not None:  # cached: already −inf where a slot holds no token
-            metric = score[..., :n_selectable]
-        else:
-            metric = trams_scores(k[:, :, :n_selectable], self.query_weight(), trams.metric)
-        if score is None:  # missing slots (empty memory of a reset row) are never preferred to real ones
-            metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
-        selected = select_memory(metric, trams.selected)  # (B, H, k)
-        window = window_index(selected, P, trams.kept, n)  # (B, H, W)
+        if selection is None:
+            if trams.metric == "oracle":
+                scores = self._scores(q, k, None, full_bd, u, vb)
+                probs = self._softmax(scores, window_blocked(key_valid, n, same_length))
+                metric = oracle_scores(probs, n_selectable)
+            elif score is not None:  # cached: already −inf where a slot holds no token
+                metric = score[..., :n_selectable]
+            else:
+                metric = trams_scores(k[:, :, :n_selectable], self.query_weight(), trams.metric)
+            if score is None:  # missing slots (empty memory of a reset row) are never preferred
+                metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
+            selected = select_memory(metric, trams.selected)  # (B, H, k)
+            window = window_index(selected, P, trams.kept, n)  # (B, H, W)
+            selection = TramsSelection(selected, window, key_valid.expand(B, H, -1).gather(2, window))
+        selected, window, valid_w = selection
         k_w, v_w = gather_rows(window, kv)  # one index_select for both, the kept block included
-        valid_w = key_valid.expand(B, H, -1).gather(2, window)
         bd = None
         if trams.positions == "true":
             bd = full_bd.gather(3, window[:, :, None, :].expand(-1, -1, n, -1))

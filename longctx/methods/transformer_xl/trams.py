@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -192,9 +192,34 @@ def _storage_rows(index: Tensor, blocks: list[int], strides: list[int], s_t: int
 def window_index(selected: Tensor, pool: int, kept: int, n: int) -> Tensor:
     """Positions in [pool, segment] of the attended window [selected, kept, segment].
 
-    selected: (B, H, k) indices into the older pool slots; pool: P; kept: m − k newest slots (capped
-    at P); n: segment length. Returns (B, H, k + min(kept, P) + n).
+    selected: (..., B, H, k) indices into the older pool slots; pool: P; kept: m − k newest slots
+    (capped at P); n: segment length. Returns (..., B, H, k + min(kept, P) + n).
     """
     kept = min(kept, pool)
     tail = torch.arange(pool - kept, pool + n, device=selected.device)
-    return torch.cat([selected, tail.expand(*selected.shape[:2], -1)], dim=-1)
+    return torch.cat([selected, tail.expand(*selected.shape[:-1], -1)], dim=-1)
+
+
+class TramsSelection(NamedTuple):
+    """A layer's attended window (leading dims (L,) for all layers at once): selected (B, H, k) pool
+    indices in time order, window (B, H, W) positions in [pool, segment] (`window_index`), and valid
+    (B, H, W) whether each window position holds a token."""
+
+    selected: Tensor
+    window: Tensor
+    valid: Tensor
+
+
+def select_windows(score: Tensor, key_valid: Tensor, settings: TramsSettings, n: int) -> TramsSelection:
+    """Every layer's window at once, from the score cache, before the layers run.
+
+    score: (L, B, H, P) the cached scores of every layer's pool (−inf on slots without a token);
+    key_valid: (B, P + n) whether each slot of [pool, segment] holds a token. The selectable slots
+    are the pool's older ones, whose scores are all known before the segment: one top-k, one sort
+    and one gather serve every layer instead of a handful of small operations per layer.
+    """
+    P = score.shape[-1]
+    selected = select_memory(score[..., : max(P - settings.kept, 0)], settings.selected)  # (L, B, H, k)
+    window = window_index(selected, P, settings.kept, n)  # (L, B, H, W)
+    valid = key_valid[:, None, :].expand(*window.shape[:-1], -1).gather(-1, window)
+    return TramsSelection(selected, window, valid)
