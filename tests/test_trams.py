@@ -27,6 +27,7 @@ from longctx.methods.transformer_xl.trams import (
     query_factor,
     score_matrix,
     select_memory,
+    select_windows,
     trams_scores,
     window_index,
 )
@@ -353,6 +354,24 @@ def test_score_cache_selects_and_outputs_as_scoring_every_segment(metric, positi
                     empty, float("-inf")
                 )
                 torch.testing.assert_close(score, expected)
+
+
+def test_select_windows_equals_selecting_layer_by_layer():
+    torch.manual_seed(0)
+    L, B, P, n, settings = 3, 2, 12, 4, TramsSettings(8, 3)
+    score = torch.randn(L, B, H, P, dtype=torch.double)
+    key_valid = torch.ones(B, P + n, dtype=torch.bool)
+    key_valid[1, :5] = False  # row 1 lost its 5 oldest slots: their cached scores are −inf
+    score[:, 1, :, :5] = float("-inf")
+    batched = select_windows(score, key_valid, settings, n)
+    for layer in range(L):
+        selected = select_memory(score[layer, ..., : P - settings.kept], settings.selected)
+        window = window_index(selected, P, settings.kept, n)
+        assert torch.equal(batched.selected[layer], selected)
+        assert torch.equal(batched.window[layer], window)
+        assert torch.equal(batched.valid[layer], key_valid[:, None, :].expand(B, H, -1).gather(2, window))
+    # Row 1 has 4 real older slots for k = 5: each layer and head attends one empty slot, masked.
+    assert (~batched.valid[:, 1]).sum(-1).eq(1).all() and batched.valid[:, 0].all()
 
 
 def test_score_cache_scores_only_the_segment_once_the_pool_is_cached(monkeypatch):
