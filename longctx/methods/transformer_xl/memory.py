@@ -36,7 +36,7 @@ class XLMemory(NamedTuple):
         `hidden` (the evaluation key/value cache; one tensor, so that a TRAMS window gathers both
         with one copy), or None (the next segment projects `hidden` again).
     score: (L, B, H, P), per layer the TRAMS score of each cached key under the metric of the TRAMS
-        settings that wrote it, −inf where `valid` is False (the score cache; only with `key`), or
+        settings that wrote it, −inf where `valid` is False (the score cache; only with `kv`), or
         None (scored again).
     score_matrix: (L, H, Dh, ·), per layer the `trams.score_matrix` that scores new keys (with
         `score`; it depends on the weights only, like the cached keys), or None.
@@ -121,9 +121,8 @@ def update_memory(
     kv = [t[..., P + n - keep :, :].detach() for t in kv]
     if score is not None:
         score = score[..., P + n - keep :].detach()
-    if appender is None:
-        return XLMemory(hidden, new_valid, kv, score, score_matrix)
-    return XLMemory(hidden, new_valid, kv, score, score_matrix, appender.cursor())
+    slots = appender.cursor() if appender is not None else None  # every field is appended by now
+    return XLMemory(hidden, new_valid, kv, score, score_matrix, slots)
 
 
 def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:
