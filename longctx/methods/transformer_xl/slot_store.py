@@ -81,9 +81,10 @@ class SlotAppender:
     def __init__(self, cursor: SlotCursor | None, P: int, n: int, keep: int) -> None:
         self.P, self.n = P, n
         self.source = None  # where the memory's slots are copied from when compacting in place
-        if cursor is not None and cursor.newest() and cursor.end + n <= cursor.store.capacity:
+        newest = cursor is not None and cursor.newest()
+        if newest and cursor.end + n <= cursor.store.capacity:
             self.store, self.base = cursor.store, cursor.end  # append after the memory, in place
-        elif cursor is not None and cursor.newest() and cursor.end - P >= P + n:
+        elif newest and cursor.end - P >= P + n:
             self.store, self.base, self.source = cursor.store, P, cursor.end - P  # compact in place
             self.store.generation += 1
         else:

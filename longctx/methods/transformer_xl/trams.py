@@ -92,7 +92,7 @@ def query_factor(w_q: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def score_matrix(w_q: Tensor, metric: Literal["code", "paper"] = "code") -> Tensor:
-    """The per-head matrix S with which one product k @ S scores keys (`scores_from_matrix`).
+    """The per-head matrix S with which one product k @ S scores keys (`layer_scores`).
 
     w_q: (H, Dh, D). "code": S = [Rᵀ | s] (H, Dh, Dh + 1), so that k @ S = [Rk | s·k] with
     ‖K′‖ = ‖Rk‖ and ΣK′ = s·k; "paper": S = s/√D (H, Dh, 1). S depends on the weights only: the
@@ -128,18 +128,13 @@ def _norm_times_abs_sum(y: Tensor) -> Tensor:
     return torch.linalg.vector_norm(y[..., :-1], dim=-1) * y[..., -1].abs()
 
 
-def scores_from_matrix(k: Tensor, S: Tensor) -> Tensor:
-    """Scores (B, H, P) of one layer's keys k (B, H, P, Dh) with its `score_matrix` S (H, Dh, ·)."""
-    return layer_scores([k], S[None])[0]
-
-
 def trams_scores(k: Tensor, w_q: Tensor, metric: Literal["code", "paper"] = "code") -> Tensor:
     """Score of every pooled key, cheaply (no d_model-sized K′).
 
     k: (B, H, P, Dh) content keys; w_q: (H, Dh, D). Returns (B, H, P):
     "code": ‖K′‖·|ΣK′|; "paper": cos⟨K′, 1⟩·‖K′‖ = ΣK′/√D.
     """
-    return scores_from_matrix(k, score_matrix(w_q.to(k.dtype), metric))
+    return layer_scores([k], score_matrix(w_q.to(k.dtype), metric)[None])[0]
 
 
 def oracle_scores(probs: Tensor, n_selectable: int) -> Tensor:
