@@ -58,6 +58,8 @@ def measure(cfg: dict) -> dict:
         recurrence=cfg["recurrence"],
         checkpoint_windows=cfg["mode"] != "none",
         window_by_window=cfg["mode"] == "window",
+        checkpoint_blocks=cfg["checkpoint_blocks"],
+        loss_chunk=cfg["loss_chunk"],
     ).to(device)
     model.train()
     shape = (cfg["batch"], cfg["windows"], cfg["window"])
@@ -116,6 +118,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps (the fastest is reported)")
     parser.add_argument("--repeats", type=int, default=1, help="fresh-process runs of every configuration")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--checkpoint_blocks", action="store_true", help="also checkpoint every block")
+    parser.add_argument("--loss_chunk", type=int, default=0, help="tokens per LM-head chunk (0: stock)")
     parser.add_argument("--no_baseline", action="store_true", help="skip the windowed baseline rows")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -126,6 +130,7 @@ def main() -> None:
         k: getattr(args, k) for k in ("device", "n_layer", "n_embd", "n_head", "vocab", "window", "batch")
     }
     base.update(steps=args.steps, threads=args.threads)
+    base.update(checkpoint_blocks=args.checkpoint_blocks, loss_chunk=args.loss_chunk)
     configs = [(True, k, mode) for mode in args.modes for k in args.windows]
     if not args.no_baseline:
         configs += [(False, k, "none") for k in args.windows]
@@ -144,7 +149,8 @@ def main() -> None:
             print(f"repeat {repeat}: recurrence={recurrence} K={windows} mode={mode}", file=sys.stderr)
     print(
         f"device {args.device}; GPT-2 n_layer={args.n_layer} d={args.n_embd} heads={args.n_head} "
-        f"vocab={args.vocab}; B={args.batch}, T={args.window}; one training step (forward + backward); "
+        f"vocab={args.vocab}; B={args.batch}, T={args.window}; checkpoint_blocks={args.checkpoint_blocks}, "
+        f"loss_chunk={args.loss_chunk}; one training step (forward + backward); "
         f"threads={args.threads or torch.get_num_threads()}; {args.repeats} repeat(s)"
     )
     print(f"ratios vs K={args.windows[0]} of the same model and mode, same repeat: min / median")

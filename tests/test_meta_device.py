@@ -73,8 +73,10 @@ def test_transformer_xl_and_trams_on_meta(trams, cache_kv):
     assert all(p.grad is None or p.grad.device == META for p in net.parameters())
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["", "lean"])
 @pytest.mark.parametrize("backward", ["plain", "checkpoint", "reverse"])
-def test_recurrent_gpt2_on_meta(backward, monkeypatch):
+def test_recurrent_gpt2_on_meta(backward, lean, monkeypatch):
+    """lean: every block checkpointed and the LM head's loss in chunks (`checkpoint_blocks`, `loss_chunk`)."""
     # host_sync.py, sync 4: transformers' packed-sequence check reads the position ids on the host.
     monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     config = GPT2Config(
@@ -84,6 +86,8 @@ def test_recurrent_gpt2_on_meta(backward, monkeypatch):
         lm = GPT2LMHeadModel(config)
         recurrence = WindowRecurrence(32, 3)
     lm.set_attn_implementation(RECURRENCE_SDPA)
+    if lean:
+        lm.activation_checkpointing_enable({"use_reentrant": False})
     lm.train()
     x = tokens(2, 3, 8)
     mask = torch.ones(2, 3, 8, dtype=torch.bool, device=META)
@@ -93,6 +97,7 @@ def test_recurrent_gpt2_on_meta(backward, monkeypatch):
         nll, h_next = recurrence(
             lm, x, x, mask, reset, h_prev,
             checkpoint_windows=backward != "plain", window_by_window=backward == "reverse",
+            loss_chunk=5 if lean else 0,
         )  # fmt: skip
         (nll.mean() + h_next.mean()).backward()
     assert nll.shape == (2, 3, 8) and h_next.device == META

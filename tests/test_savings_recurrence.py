@@ -19,11 +19,14 @@ from tests.test_recurrence import L_INS, N_LAYER, TINY, VOCAB, D, gpt2, window_b
 
 
 def bptt(
-    mode: str, autocast: bool = False, dropout: float = 0.1
+    mode: str, autocast: bool = False, dropout: float = 0.1, lean: bool = False
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """Loss, gradients (parameters and the carried h_prev) and the next random number after one
-    backward through 4 windows with dropout, a document reset inside the batch and a carried h_prev."""
+    backward through 4 windows with dropout, a document reset inside the batch and a carried h_prev.
+    lean: every block checkpointed and the LM head's loss in chunks of 7 tokens."""
     lm = gpt2(RECURRENCE_SDPA, dropout=dropout).train()
+    if lean:
+        lm.activation_checkpointing_enable({"use_reentrant": False})
     torch.manual_seed(5)
     net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
     b = window_batch(n_windows=4)
@@ -35,6 +38,7 @@ def bptt(
         nll, h = net(
             lm, b["input"], b["target"], b["mask"], b["reset"], h_prev,
             checkpoint_windows=mode != "plain", window_by_window=mode == "reverse",
+            loss_chunk=7 if lean else 0,
         )  # fmt: skip
         loss = nll.mean() + h.float().square().mean()  # a gradient also arrives at the last h_prev
     loss.backward()
@@ -55,6 +59,18 @@ def test_window_by_window_backward_equals_one_backward_through_all_windows(refer
         torch.testing.assert_close(grad, grads_ref[name], rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("mode", ["reverse", pytest.param("checkpoint", marks=pytest.mark.slow)])
+def test_block_checkpointing_and_the_chunked_head_leave_loss_and_gradients_unchanged(mode):
+    """The memory-lean options (`checkpoint_blocks`, `loss_chunk`) against the plain backward."""
+    loss_ref, grads_ref, rng_ref = bptt("plain")
+    loss, grads, rng = bptt(mode, lean=True)
+    torch.testing.assert_close(loss, loss_ref, rtol=0, atol=1e-6)
+    assert torch.equal(rng, rng_ref)
+    for name, grad in grads.items():
+        assert grad is not None, name
+        torch.testing.assert_close(grad, grads_ref[name], rtol=0, atol=1e-6, msg=name)
+
+
 @pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
 def test_recomputation_runs_under_the_forwards_autocast():
     # Without dropout: SDPA's attention dropout on bfloat16 rounds differently when recomputed (the
@@ -69,10 +85,13 @@ def test_recomputation_runs_under_the_forwards_autocast():
 
 
 @pytest.mark.slow  # ~10-30 s on 2 CPU cores: the fast tier stays within 3 minutes
-def test_each_parameter_receives_exactly_one_gradient_per_backward():
+@pytest.mark.parametrize("lean", [False, True])
+def test_each_parameter_receives_exactly_one_gradient_per_backward(lean):
     """DDP's reducer marks a parameter ready when its gradient is accumulated and refuses a second
-    time: the K per-window backwards accumulate elsewhere and `.grad` is written once."""
-    m = RecurrentGPT2LM(vocab_size=VOCAB, gpt2_config=TINY).train()
+    time: the K per-window backwards accumulate elsewhere and `.grad` is written once (also when
+    every block is checkpointed and recomputed inside a window's backward)."""
+    lean_options = {"checkpoint_blocks": True, "loss_chunk": 16} if lean else {}
+    m = RecurrentGPT2LM(vocab_size=VOCAB, gpt2_config=TINY, **lean_options).train()
     calls = {name: 0 for name, _ in m.named_parameters()}
     for name, p in m.named_parameters():
         p.register_post_accumulate_grad_hook(lambda _, name=name: calls.__setitem__(name, calls[name] + 1))

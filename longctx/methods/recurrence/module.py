@@ -115,6 +115,12 @@ class RecurrentGPT2LM(LMBase):
         window_by_window: with `checkpoint_windows`, run the backward one window at a time in reverse
             (`bptt.py`: the memory of one window, gradients included); False: `torch.utils.checkpoint`
             per window in one backward (the reference; holds one more copy of the gradients).
+        checkpoint_blocks: also checkpoint every GPT-2 block in training (Hugging Face's activation
+            checkpointing): a window's backward then holds one block's activations, not all L blocks',
+            at the cost of one more forward of the blocks.
+        loss_chunk: tokens per chunk of the LM head's logits and cross-entropy (`chunked_loss.py`: the
+            (tokens, vocabulary) logits never exist at once; the head's logits are computed twice);
+            0: the stock head, all logits at once.
         attn_implementation: the stock attention the recurrence wraps ("sdpa" or "eager").
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam, 100 warm-up steps).
     """
@@ -135,6 +141,8 @@ class RecurrentGPT2LM(LMBase):
         slot_norm: bool = True,
         checkpoint_windows: bool = True,
         window_by_window: bool = True,
+        checkpoint_blocks: bool = False,
+        loss_chunk: int = 0,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
@@ -156,8 +164,13 @@ class RecurrentGPT2LM(LMBase):
             if recurrence
             else None
         )
+        if loss_chunk < 0:
+            raise ValueError(f"loss_chunk must be 0 (the stock head) or a number of tokens, got {loss_chunk}")
+        if checkpoint_blocks:
+            self.lm.activation_checkpointing_enable({"use_reentrant": False})
         self.checkpoint_windows = checkpoint_windows
         self.window_by_window = window_by_window
+        self.loss_chunk = loss_chunk
 
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: RecurrenceMemory | None) -> StepOutput:
@@ -179,6 +192,7 @@ class RecurrentGPT2LM(LMBase):
                 h_prev,
                 checkpoint_windows=use_checkpoint,
                 window_by_window=use_checkpoint and self.window_by_window,
+                loss_chunk=self.loss_chunk,
             )
             memory = RecurrenceMemory(h_prev)
         else:
@@ -197,11 +211,10 @@ class RecurrentGPT2LM(LMBase):
         """Independent windows: one forward over (B·K, T), or one checkpointed forward per window."""
         if not use_checkpoint:
             batch, n_windows, length = x.shape
-            return window_nll(self.lm, x.reshape(-1, length), target.reshape(-1, length)).view(
-                batch, n_windows, length
-            )
+            flat_x, flat_target = x.reshape(-1, length), target.reshape(-1, length)
+            return window_nll(self.lm, flat_x, flat_target, self.loss_chunk).view(batch, n_windows, length)
         nlls = [
-            checkpoint(window_nll, self.lm, x[:, k], target[:, k], use_reentrant=False)
+            checkpoint(window_nll, self.lm, x[:, k], target[:, k], self.loss_chunk, use_reentrant=False)
             for k in range(x.shape[1])
         ]
         return torch.stack(nlls, 1)

@@ -49,6 +49,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask,
 from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 
 from longctx.methods.recurrence.bptt import reverse_window_bptt
+from longctx.methods.recurrence.chunked_loss import linear_cross_entropy
 
 RECURRENCE_SDPA = "recurrence_sdpa"
 RECURRENCE_EAGER = "recurrence_eager"
@@ -177,7 +178,8 @@ def run_window(
 ):
     """One forward of the causal LM over a window (B, T), with the slot at ℓ_ins if given.
 
-    Returns the model's output (`logits` (B, T, V), `hidden_states` if asked). Without a slot this is
+    `lm` is a causal LM (its output has `logits` (B, T, V)) or its base model (`lm.base_model`: its
+    output has `last_hidden_state` (B, T, d)); `hidden_states` too if asked. Without a slot this is
     the stock forward. With one, it checks that the slot was consumed by exactly one attention call.
     """
     if slot is None:
@@ -301,10 +303,12 @@ class WindowRecurrence(nn.Module):
         valid: Tensor,
         h_prev: Tensor | None,
         present: Tensor | None,
+        loss_chunk: int = 0,
     ) -> tuple[Tensor, Tensor]:
         """One window (B, T): per-target NLL (B, T) and the pooled z (B, d). The unit of checkpointing."""
-        out = run_window(lm, input_ids, slot=self.slot_for(lm, h_prev, present), output_hidden_states=True)
-        nll = F.cross_entropy(out.logits.float().transpose(1, 2), target, reduction="none")  # (B, T)
+        slot = self.slot_for(lm, h_prev, present)
+        out = run_window(lm.base_model, input_ids, slot=slot, output_hidden_states=True)
+        nll = token_nll(lm, out.last_hidden_state, target, loss_chunk)
         states = out.hidden_states if self.pool_embeddings else out.hidden_states[1:]
         return nll, self.pooling(states, valid)
 
@@ -318,6 +322,7 @@ class WindowRecurrence(nn.Module):
         h_prev: Tensor | None = None,
         checkpoint_windows: bool = False,
         window_by_window: bool = False,
+        loss_chunk: int = 0,
     ) -> tuple[Tensor, Tensor]:
         """Backprop through K windows.
 
@@ -327,6 +332,7 @@ class WindowRecurrence(nn.Module):
         only the window inputs, z_i and h_prev,i stay in memory (paper §3.2).
         With `window_by_window` (also recomputing each window), the backward runs one window at a
         time in reverse and only h_prev,i stays in memory: no gradient buffer beyond `.grad` (`bptt.py`).
+        loss_chunk: tokens per chunk of the LM head's logits (`token_nll`; 0: all at once).
         Returns nll (B, K, T) and h_prev for the next batch (B, d).
         """
         check_recurrence_attention(lm)
@@ -334,7 +340,8 @@ class WindowRecurrence(nn.Module):
         def window(k: int, h_prev: Tensor | None) -> tuple[Tensor, Tensor]:
             """Window k from the state entering it: NLL (B, T) and the state leaving it (B, d)."""
             present = None if h_prev is None else ~reset[:, k].to(h_prev.device)
-            args = (lm, input_ids[:, k], target[:, k], valid_positions(mask[:, k]), h_prev, present)
+            valid = valid_positions(mask[:, k])
+            args = (lm, input_ids[:, k], target[:, k], valid, h_prev, present, loss_chunk)
             if checkpoint_windows and not window_by_window and torch.is_grad_enabled():
                 nll, z = checkpoint(self.window, *args, use_reentrant=False)
             else:
@@ -352,7 +359,22 @@ class WindowRecurrence(nn.Module):
         return torch.stack(nlls, 1), h_prev
 
 
-def window_nll(lm: nn.Module, input_ids: Tensor, target: Tensor) -> Tensor:
+def token_nll(lm: nn.Module, hidden: Tensor, target: Tensor, loss_chunk: int = 0) -> Tensor:
+    """Per-target NLL (B, T) from the LM's last hidden states (B, T, d) through its output embedding:
+    the stock logits (B, T, V) when `loss_chunk` is 0, else `loss_chunk` tokens' logits at a time
+    (`chunked_loss.py`: the same numbers without the logits of the whole window in memory)."""
+    head = lm.get_output_embeddings()
+    if not loss_chunk:
+        return F.cross_entropy(head(hidden).float().transpose(1, 2), target, reduction="none")
+    if not isinstance(head, nn.Linear) or head.bias is not None:
+        raise NotImplementedError(
+            f"loss_chunk needs a bias-free linear LM head (GPT-2's), got {type(head).__name__}; "
+            "set loss_chunk: 0"
+        )
+    return linear_cross_entropy(hidden, head.weight, target, loss_chunk)
+
+
+def window_nll(lm: nn.Module, input_ids: Tensor, target: Tensor, loss_chunk: int = 0) -> Tensor:
     """Per-target NLL (B, T) of independent windows (the baseline: no recurrence)."""
-    logits = run_window(lm, input_ids).logits
-    return F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
+    hidden = run_window(lm.base_model, input_ids).last_hidden_state
+    return token_nll(lm, hidden, target, loss_chunk)
