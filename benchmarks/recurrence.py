@@ -11,6 +11,9 @@ each ratio are printed. The windowed baseline (no recurrence) is measured the sa
 
 Backward modes (`--modes`): `none` (one graph over the K windows, nothing recomputed), `checkpoint`
 (`torch.utils.checkpoint` per window, one backward), `window` (window by window in reverse).
+Memory-lean options, for every configuration of a run: `--checkpoint_blocks` (every GPT-2 block
+checkpointed too) and `--loss_chunk N` (the LM head's logits N tokens at a time). `--eval` measures an
+evaluation step (forward without gradients) instead, where `--loss_chunk` is what matters.
 
 Peak memory = parameters + gradients + activations: on CPU the growth of the process's peak resident
 set (ru_maxrss) over its size right before the first step, plus the parameters' bytes, with glibc's mmap
@@ -61,7 +64,7 @@ def measure(cfg: dict) -> dict:
         checkpoint_blocks=cfg["checkpoint_blocks"],
         loss_chunk=cfg["loss_chunk"],
     ).to(device)
-    model.train()
+    model.train(not cfg["eval"])
     shape = (cfg["batch"], cfg["windows"], cfg["window"])
     x = torch.randint(0, cfg["vocab"], (*shape[:2], shape[2] + 1), device=device)
     batch = {
@@ -72,6 +75,10 @@ def measure(cfg: dict) -> dict:
     }
 
     def step() -> None:
+        if cfg["eval"]:
+            with torch.no_grad():
+                model.step(batch, None)
+            return
         out = model.step(batch, None)
         (out.nll * batch["mask"]).sum().div(batch["mask"].sum()).backward()
         for p in model.parameters():
@@ -120,6 +127,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--checkpoint_blocks", action="store_true", help="also checkpoint every block")
     parser.add_argument("--loss_chunk", type=int, default=0, help="tokens per LM-head chunk (0: stock)")
+    parser.add_argument("--eval", action="store_true", help="an evaluation step (no_grad) instead")
     parser.add_argument("--no_baseline", action="store_true", help="skip the windowed baseline rows")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -130,7 +138,7 @@ def main() -> None:
         k: getattr(args, k) for k in ("device", "n_layer", "n_embd", "n_head", "vocab", "window", "batch")
     }
     base.update(steps=args.steps, threads=args.threads)
-    base.update(checkpoint_blocks=args.checkpoint_blocks, loss_chunk=args.loss_chunk)
+    base.update(checkpoint_blocks=args.checkpoint_blocks, loss_chunk=args.loss_chunk, eval=args.eval)
     configs = [(True, k, mode) for mode in args.modes for k in args.windows]
     if not args.no_baseline:
         configs += [(False, k, "none") for k in args.windows]
@@ -147,10 +155,11 @@ def main() -> None:
                 sys.exit(f"measurement {cfg} failed:\n{proc.stderr[-3000:]}")
             results[(recurrence, windows, mode)].append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(f"repeat {repeat}: recurrence={recurrence} K={windows} mode={mode}", file=sys.stderr)
+    step = "evaluation step (forward)" if args.eval else "training step (forward + backward)"
     print(
         f"device {args.device}; GPT-2 n_layer={args.n_layer} d={args.n_embd} heads={args.n_head} "
         f"vocab={args.vocab}; B={args.batch}, T={args.window}; checkpoint_blocks={args.checkpoint_blocks}, "
-        f"loss_chunk={args.loss_chunk}; one training step (forward + backward); "
+        f"loss_chunk={args.loss_chunk}; one {step}; "
         f"threads={args.threads or torch.get_num_threads()}; {args.repeats} repeat(s)"
     )
     print(f"ratios vs K={args.windows[0]} of the same model and mode, same repeat: min / median")
