@@ -1,6 +1,7 @@
 """Backprop through K windows window by window in reverse (`longctx/methods/recurrence/bptt.py`):
 the same loss and gradients as one backward through all windows, one gradient per parameter per
-step (what DDP's reducer needs), and the same gradients under 2-process DDP."""
+step (what DDP's reducer needs), and the same gradients under 2-process DDP; the memory-lean options
+(every block checkpointed, the LM head's loss in chunks) change none of it."""
 
 from __future__ import annotations
 
@@ -142,3 +143,20 @@ def test_two_process_ddp_gradients_equal_one_process(tmp_path):
     single(batch).backward()
     for name, p in single.named_parameters():
         torch.testing.assert_close(ddp_grads[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("recurrence", [True, False])
+def test_the_chunked_head_evaluates_as_the_stock_head(recurrence):
+    """`loss_chunk` in evaluation (no graph), with recurrence and for the windowed baseline."""
+    torch.manual_seed(0)
+    stock = RecurrentGPT2LM(vocab_size=VOCAB, gpt2_config=TINY, recurrence=recurrence).eval()
+    chunked = RecurrentGPT2LM(vocab_size=VOCAB, gpt2_config=TINY, recurrence=recurrence, loss_chunk=5).eval()
+    chunked.load_state_dict(stock.state_dict())
+    batch = window_batch(n_windows=3)
+    with torch.no_grad():
+        want, got = stock.step(batch, None), chunked.step(batch, None)
+    torch.testing.assert_close(got.nll, want.nll, rtol=0, atol=1e-6)
+    if recurrence:
+        torch.testing.assert_close(got.memory.h_prev, want.memory.h_prev, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="loss_chunk must be 0"):
+        RecurrentGPT2LM(vocab_size=VOCAB, gpt2_config=TINY, loss_chunk=-1)

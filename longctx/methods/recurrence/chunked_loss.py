@@ -36,7 +36,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: Tensor, weight: Tensor, target: Tensor, chunk: int) -> Tensor:
-        logits_dtype = _linear_dtype(h, weight)
+        logits_dtype = F.linear(h[:0], weight).dtype  # autocast's dtype under autocast (a 0-row product)
         loss_dtype = torch.promote_types(logits_dtype, torch.float32)
         nll = torch.empty(h.shape[0], dtype=loss_dtype, device=h.device)
         lse = torch.empty_like(nll)
@@ -71,14 +71,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_w is not None:
                 grad_w.addmm_(dz_low.t().to(grad_w.dtype), h_low.to(grad_w.dtype))
         return grad_h, grad_w, None, None
-
-
-def _linear_dtype(h: Tensor, weight: Tensor) -> torch.dtype:
-    """The dtype `F.linear(h, weight)` computes in here: autocast's, if it is on for h's device."""
-    device_type = h.device.type
-    if device_type != "meta" and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return torch.promote_types(h.dtype, weight.dtype)
 
 
 def _chunks(n: int, chunk: int) -> list[slice]:
