@@ -1,13 +1,13 @@
 """`CompileNetwork`: `torch.compile` for any method, opted into from the config (`trainer.callbacks`).
 
-It wraps a method's network (`net`, or `lm` for the recurrent GPT-2: the module's
-`network_attribute`) in `torch.compile` once the module is on its device. Memories change shape only
-at the first segments (empty -> full Transformer-XL memory, zero -> carried span cache) or when a
-learned span crosses a 64-position trimming step (Adaptive Span): `dynamic=None` lets Dynamo mark
-such a dimension dynamic after its first change, and the train/eval switch compiles the eval graphs
-once, so a run recompiles a handful of times and then never again (check with
-`TORCH_LOGS=recompiles`; tests/test_compile.py asserts it for all three methods on CPU inductor,
-with the compiled network's loss equal to the eager one). GPUs are untested here.
+It wraps a method's network (`net`, or the GPT-2's base model `backbone` for the recurrent GPT-2:
+the module's `network_attribute`) in `torch.compile` once the module is on its device. Memories
+change shape only at the first segments (empty -> full Transformer-XL memory, zero -> carried span
+cache) or when a learned span crosses a 64-position trimming step (Adaptive Span): `dynamic=None`
+lets Dynamo mark such a dimension dynamic after its first change, and the train/eval switch
+compiles the eval graphs once, so a run recompiles a handful of times and then never again (check
+with `TORCH_LOGS=recompiles`; tests/test_compile.py asserts it for all three methods on CPU
+inductor, with the compiled network's loss equal to the eager one). GPUs are untested here.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
@@ -125,7 +125,9 @@ class RecurrentGPT2LM(LMBase):
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam, 100 warm-up steps).
     """
 
-    network_attribute = "lm"  # the GPT-2; the recurrence runs inside its attention
+    # What `CompileNetwork` compiles: the GPT-2's body (embeddings, blocks, final norm), where the
+    # recurrence runs inside the attention; the LM head and the loss run on its output (`token_nll`).
+    network_attribute = "backbone"
 
     def __init__(
         self,
@@ -171,6 +173,11 @@ class RecurrentGPT2LM(LMBase):
         self.checkpoint_windows = checkpoint_windows
         self.window_by_window = window_by_window
         self.loss_chunk = loss_chunk
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The LM's base model (GPT-2: `lm.transformer`), which every window runs through."""
+        return self.lm.base_model
 
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: RecurrenceMemory | None) -> StepOutput:
