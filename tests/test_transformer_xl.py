@@ -22,7 +22,7 @@ from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
     rel_shift,
     sinusoid_positions,
-    window_mask,
+    window_blocked,
 )
 from longctx.models.base import detach_memory
 from tests.lm_fixtures import SyntheticData, cpu_trainer
@@ -131,7 +131,7 @@ def test_same_length_mask_equals_the_code_construction_and_counts(mlen, n, mem_l
     mask_len = klen - mem_len
     shift = n - mask_len if mask_len > 0 else n
     code_masked = (torch.triu(ones, 1 + mlen) + torch.tril(ones, -shift)).bool()  # kimiyoung's mask
-    allowed = window_mask(torch.ones(1, 1, klen, dtype=torch.bool), n, same_length=mem_len)[0, 0]
+    allowed = ~window_blocked(torch.ones(1, 1, klen, dtype=torch.bool), n, same_length=mem_len)[0, 0]
     if mem_len >= n:  # the code's construction is meant for mem_len >= tgt_len
         assert torch.equal(allowed, ~code_masked)
     counts = allowed.sum(-1)

@@ -64,20 +64,15 @@ def rel_shift(x: Tensor) -> Tensor:
     return x.reshape(*lead, n, W)
 
 
-def window_mask(key_valid: Tensor, n: int, same_length: int | None = None) -> Tensor:
-    """Allowed (query, key) pairs of a window [memory (W − n), segment (n)]: (B, H|1, n, W).
+def window_blocked(key_valid: Tensor, n: int, same_length: int | None = None) -> Tensor:
+    """(query, key) pairs of a window [memory (W − n), segment (n)] that may NOT attend: (B, H|1, n, W).
 
     key_valid: (B, H|1, W) whether a key exists (empty memory rows after a document reset are False);
     causal: key j <= W − n + i; same_length: additionally distance W − n + i − j < same_length, so
     every query sees the same number of keys, min(same_length, memory + i + 1) (the code's
-    `same_length` mask with same_length = mem_len).
+    `same_length` mask with same_length = mem_len). Formed as the blocked pairs directly, what the
+    attention masks with: one pass over the n × W pairs fewer than negating the allowed ones.
     """
-    return ~window_blocked(key_valid, n, same_length)
-
-
-def window_blocked(key_valid: Tensor, n: int, same_length: int | None = None) -> Tensor:
-    """The pairs `window_mask` does not allow, (B, H|1, n, W), formed from its small factors (what the
-    attention masks with: one pass over the n × W pairs fewer than negating the allowed ones)."""
     W = key_valid.shape[-1]
     i = torch.arange(n, device=key_valid.device)[:, None]
     j = torch.arange(W, device=key_valid.device)[None, :]
@@ -193,7 +188,7 @@ class RelMultiHeadAttention(nn.Module):
     ) -> AttentionOutput:
         """x: (B, n, d) segment; mem: (B, P, d) memory (P may be 0); mem_valid: (B, P) bool;
         pos_emb: (klen >= P + n, d) sinusoid of positions klen−1 … 0; r_w_bias, r_r_bias: (H, Dh);
-        same_length: keys per query limit (see `window_mask`); trams: attend to a TRAMS window of
+        same_length: keys per query limit (see `window_blocked`); trams: attend to a TRAMS window of
         the memory (at most `trams.attended` keys) instead of all of it; mem_kv: the memory's keys
         and values (2, B, H, P, Dh) when cached (evaluation), else they are projected from mem;
         mem_score: the TRAMS scores (B, H, P) of the cached keys `mem_kv[0]` (the score cache), else
