@@ -27,7 +27,7 @@ from longctx.methods.transformer_xl.trams import (
     TramsSettings,
     gather_rows,
     oracle_scores,
-    select_memory,
+    select_windows,
     trams_scores,
     window_index,
 )
@@ -273,7 +273,7 @@ class RelMultiHeadAttention(nn.Module):
         W rows each (`gather_rows`), from the cache's buffer or this segment's projection: on CPU
         faster than gathering the k selected rows and concatenating the kept block.
         """
-        B, H, n, _ = q.shape
+        n = q.shape[2]
         k = kv[0]  # (B, H, P + n, Dh)
         P = k.shape[2] - n
         n_selectable = max(P - trams.kept, 0)  # the older slots; [n_selectable:] = kept + segment
@@ -292,9 +292,7 @@ class RelMultiHeadAttention(nn.Module):
                 metric = trams_scores(k[:, :, :n_selectable], self.query_weight(), trams.metric)
             if score is None:  # missing slots (empty memory of a reset row) are never preferred
                 metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
-            selected = select_memory(metric, trams.selected)  # (B, H, k)
-            window = window_index(selected, P, trams.kept, n)  # (B, H, W)
-            selection = TramsSelection(selected, window, key_valid.expand(B, H, -1).gather(2, window))
+            selection = select_windows(metric, key_valid[:, 0], trams, n)
         selected, window, valid_w = selection
         k_w, v_w = gather_rows(window, kv)  # one index_select for both, the kept block included
         bd = None

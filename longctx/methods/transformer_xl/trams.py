@@ -207,14 +207,14 @@ class TramsSelection(NamedTuple):
 
 
 def select_windows(score: Tensor, key_valid: Tensor, settings: TramsSettings, n: int) -> TramsSelection:
-    """Every layer's window at once, from the score cache, before the layers run.
+    """The attended windows from the pool's scores: one layer's, or every layer's at once.
 
-    score: (L, B, H, P) the cached scores of every layer's pool (−inf on slots without a token);
-    key_valid: (B, P + n) whether each slot of [pool, segment] holds a token. The selectable slots
-    are the pool's older ones, whose scores are all known before the segment: one top-k, one sort
-    and one gather serve every layer instead of a handful of small operations per layer.
+    score: (..., B, H, >= P − kept) the scores of the pool's slots, −inf on slots without a token
+    (only the older P − kept are selectable); key_valid: (B, P + n) whether each slot of [pool,
+    segment] holds a token. With the score cache every layer's pool scores are known before the
+    segment (score (L, B, H, P)): one top-k, one sort and one gather then serve every layer.
     """
-    P = score.shape[-1]
+    P = key_valid.shape[-1] - n
     selected = select_memory(score[..., : max(P - settings.kept, 0)], settings.selected)  # (L, B, H, k)
     window = window_index(selected, P, settings.kept, n)  # (L, B, H, W)
     valid = key_valid[:, None, :].expand(*window.shape[:-1], -1).gather(-1, window)
