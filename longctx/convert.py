@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ import lightning
 import torch
 from torch import Tensor
 
+from longctx.atomic import atomic_path, write_text_atomic
 from longctx.data.datamodule import LMDataModule
 from longctx.models.base import LMBase
 
@@ -154,18 +153,6 @@ def lightning_checkpoint(model: LMBase, arch_keys: Sequence[str], origin: dict[s
     }
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # ---------------------------------------------------------------------------------- command
 def convert(
     fmt: str,
@@ -190,7 +177,7 @@ def convert(
     vocab_file = vocab_path_for(dest) if symbols is not None else None
     if vocab_file is not None:
         text = "".join(f"{symbol}\n" for symbol in symbols)
-        _atomic_write(vocab_file, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        write_text_atomic(vocab_file, text)
         overrides = [*overrides, "--data.vocab_file", str(vocab_file)]
     try:
         model, datamodule = load_config(config, overrides, converter.MODEL_CLASS)
@@ -202,7 +189,8 @@ def convert(
         raise
     origin = {"format": fmt, "source": str(source), "config": str(config)}
     checkpoint = lightning_checkpoint(model, converter.ARCH_KEYS, origin)
-    _atomic_write(dest, lambda tmp: torch.save(checkpoint, tmp))
+    with atomic_path(dest) as tmp:
+        torch.save(checkpoint, tmp)
     return result, vocab_file
 
 

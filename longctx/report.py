@@ -23,9 +23,7 @@ import argparse
 import csv
 import io
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ from typing import Any
 import yaml
 from matplotlib.figure import Figure
 
+from longctx.atomic import atomic_path, write_text_atomic
 from longctx.callbacks.run_record import METRICS, SUMMARY
 
 MISSING = "-"
@@ -203,21 +202,6 @@ def curves(runs: Sequence[Run]) -> tuple[Figure, list[str]]:
 
 
 # ---------------------------------------------------------------------- output
-def _write_atomic(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_text(path: Path, text: str) -> None:
-    _write_atomic(path, lambda tmp: Path(tmp).write_text(text))
-
-
 FIGURES = {
     "bpb_vs_flops.png": "test bits per byte vs FLOPs per token",
     "bpb_vs_memory.png": "test bits per byte vs peak memory",
@@ -239,7 +223,8 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
     notes = []
     for name, (figure, left_out) in figures.items():
         paths[name] = out / name
-        _write_atomic(paths[name], lambda tmp, f=figure: f.savefig(tmp, dpi=120, format="png"))
+        with atomic_path(paths[name]) as tmp:
+            figure.savefig(tmp, dpi=120, format="png")
         if left_out:
             notes.append(f"- {FIGURES[name]}: left out (no value recorded): {', '.join(left_out)}")
     memory_kinds = sorted(
@@ -255,8 +240,8 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
         *[f"![{title}]({name})\n" for name, title in FIGURES.items()],
         *(["\n".join(notes) + "\n"] if notes else []),
     ]
-    _write_text(out / "report.md", "\n".join(markdown))
-    _write_text(out / "report.csv", to_csv(rows))
+    write_text_atomic(out / "report.md", "\n".join(markdown))
+    write_text_atomic(out / "report.csv", to_csv(rows))
     return rows, paths
 
 

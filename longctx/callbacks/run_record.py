@@ -23,10 +23,8 @@ reads batches of one shape); they are kept in checkpoints, so a resumed run keep
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,25 +36,12 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from longctx.atomic import write_json_atomic, write_text_atomic
 from longctx.callbacks.progress import scored_tokens
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 EVAL_PREFIXES = ("val/", "test/")
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` as JSON through a temporary file and `os.replace`: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def eval_metrics(trainer: pl.Trainer) -> dict[str, float]:
@@ -146,10 +131,7 @@ class RunRecord(pl.Callback):
         lines = [line for line in path.read_text().splitlines() if line.strip()]
         kept = [line for line in lines if json.loads(line)["step"] <= last_step]
         if kept != lines:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write("".join(line + "\n" for line in kept))
-            os.replace(tmp, path)
+            write_text_atomic(path, "".join(line + "\n" for line in kept))
 
     # ------------------------------------------------------------------ summary
     def finish(

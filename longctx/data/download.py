@@ -21,6 +21,7 @@ from typing import IO
 
 from tqdm.auto import tqdm
 
+from longctx.atomic import umask_mode
 from longctx.data.corpora import Archive, Checksum, Member
 
 CHUNK = 1 << 20
@@ -66,6 +67,7 @@ def atomic_path(dest: Path):
     tmp = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     try:
         yield tmp
+        os.chmod(tmp, umask_mode())  # the mode a plain open() gives, not a temporary file's
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
