@@ -71,8 +71,18 @@ def released_forward(
     need_mass: bool = False,
     need_weights: bool = False,
     mem_kv: Tensor | None = None,
+    mem_score: Tensor | None = None,
+    need_score: bool = False,
+    extend: object = None,
+    selection: object = None,
 ) -> AttentionOutput:
-    """The released TRAMS attention (post-LN, all memory slots real), restated batch-first."""
+    """The released TRAMS attention (post-LN, all memory slots real), restated batch-first.
+
+    It takes `RelMultiHeadAttention.forward`'s arguments; the released code has no key/value or score
+    cache, so the cache's arguments must be unset (the benchmark runs it with `cache_kv=False`).
+    """
+    if any(arg is not None for arg in (mem_kv, mem_score, extend, selection)) or need_score:
+        raise ValueError("the released TRAMS attention has no key/value or score cache: run it uncached")
     B, n, d = x.shape
     H, Dh = self.n_heads, self.d_head
     cat = torch.cat([mem, x], 1)
