@@ -74,7 +74,7 @@ TINY_RUNS = {
     "recurrence.py": (
         [
             "--n_layer",
-            "2",
+            "3",
             "--n_embd",
             "32",
             "--n_head",
