@@ -15,7 +15,9 @@ ranks. `evaluate_overlaps` names one file per overlap, `token_nll_overlap{o}.npz
 (`set_token_nll_name`).
 
 The writer attaches a `TokenNLLCollector` to the module for the evaluation epoch only; without the
-writer no per-token value is kept.
+writer no per-token value is kept. The CLI adds it to `validate`, `test` and `evaluate_overlaps`
+only; a writer put in `trainer.callbacks` of a `fit` skips the sanity check and rewrites the file at
+every validation.
 """
 
 from __future__ import annotations
