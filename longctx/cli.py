@@ -46,6 +46,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from longctx.callbacks import CheckpointOnSigterm, ProgressLog, RunRecord, recorded
+from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
@@ -193,8 +194,20 @@ class LongCtxCLI(LightningCLI):
         return {**commands, "evaluate_overlaps": {"model", "datamodule"}}
 
     def _run_subcommand(self, subcommand: str) -> None:
+        self._add_token_nll_writer(subcommand)
         with recorded(self.trainer, subcommand):  # summary.json in the run directory, whatever happens
             super()._run_subcommand(subcommand)
+
+    def _add_token_nll_writer(self, subcommand: str) -> None:
+        """`--write_token_nll true`: the evaluation writes `token_nll.npz` in the run directory."""
+        if not self.config[subcommand].get("write_token_nll"):
+            return
+        if subcommand == "fit":
+            raise ConfigError(
+                "--write_token_nll applies to validate, test and evaluate_overlaps; after fit, run "
+                "`python -m longctx test --config ... --ckpt_path ... --write_token_nll true`"
+            )
+        self.trainer.callbacks.append(TokenNLLWriter())
 
     def _parse_ckpt_path(self) -> None:
         """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters
@@ -229,6 +242,13 @@ class LongCtxCLI(LightningCLI):
             default=None,
             help="Name of the run directory under trainer.default_root_dir and of the W&B run "
             "(default: $LONGCTX_RUN_NAME, else the SLURM array job/task id, else a timestamp)",
+        )
+        parser.add_argument(
+            "--write_token_nll",
+            type=bool,
+            default=False,
+            help="validate/test/evaluate_overlaps: write every scored target's NLL and offset to "
+            "<run dir>/token_nll.npz (evaluate_overlaps: token_nll_overlap{o}.npz)",
         )
         parser.add_argument(
             "--float32_matmul_precision",

@@ -6,6 +6,8 @@
 - `CheckpointOnSigterm`: SIGTERM during `fit` saves `last.ckpt` and exits 143 (registered by the CLI).
 - `RunRecord` (+ `recorded`): `summary.json` and `metrics.jsonl` in the run directory (registered by
   the CLI; read by `python -m longctx report` and the sweep runner).
+- `TokenNLLWriter` (`longctx.callbacks.token_nll`): `token_nll.npz`, every scored target's NLL
+  (added by the CLI's `--write_token_nll true`).
 """
 
 from longctx.callbacks.compile import CompileNetwork

@@ -118,9 +118,11 @@ class SegmentStream:
             full segments are served. The memory is zeroed at each epoch start (`LMBase`), as their
             `h_cache` is at the wrap. Contiguous text in segment mode only.
 
-    Yields dicts `input`, `target`, `mask` (B, L) or (B, K, T) and `reset` (B,) or (B, K); see
-    docs/architecture.md. Every rank yields the same number of batches. `state_dict()` records the
-    epoch and the next batch, so a resumed run continues at the exact next segment.
+    Yields dicts `input`, `target`, `mask` (B, L) or (B, K, T) and `reset` (B,) or (B, K), plus
+    `offset` (the shape of `target`: each target's index in `tokens`, -1 on padding) when `pad`
+    (evaluation); see docs/architecture.md. Every rank yields the same number of batches.
+    `state_dict()` records the epoch and the next batch, so a resumed run continues at the exact
+    next segment.
     """
 
     def __init__(
@@ -257,25 +259,39 @@ class SegmentStream:
         targets = np.zeros(shape, dtype=np.int64)
         mask = np.zeros(shape, dtype=bool)
         reset = np.zeros(shape[:2], dtype=bool)
+        # Evaluation batches say where each target sits in the split (per-token output); -1 on padding.
+        offsets = np.full(shape, -1, dtype=np.int64) if self.pad else None
         for i, row in enumerate(self._rows):
             for k in range(n_windows):
                 unit = index * n_windows + k
                 if unit < row.n_units:
-                    reset[i, k] = self._fill_unit(row, unit, inputs[i, k], targets[i, k], mask[i, k])
+                    row_offsets = None if offsets is None else offsets[i, k]
+                    reset[i, k] = self._fill_unit(
+                        row, unit, inputs[i, k], targets[i, k], mask[i, k], row_offsets
+                    )
         out = {
             "input": torch.from_numpy(inputs),
             "target": torch.from_numpy(targets),
             "mask": torch.from_numpy(mask),
             "reset": torch.from_numpy(reset),
         }
+        if offsets is not None:
+            out["offset"] = torch.from_numpy(offsets)
         if self.windows_per_batch is None:
             out = {key: value.squeeze(1) for key, value in out.items()}
         return out
 
     def _fill_unit(
-        self, row: _Row, unit: int, inputs: np.ndarray, targets: np.ndarray, mask: np.ndarray
+        self,
+        row: _Row,
+        unit: int,
+        inputs: np.ndarray,
+        targets: np.ndarray,
+        mask: np.ndarray,
+        offsets: np.ndarray | None = None,
     ) -> bool:
-        """Write unit `unit` of `row` into the given (T,) buffers; return whether it starts a piece."""
+        """Write unit `unit` of `row` into the given (T,) buffers (`offsets`: each target's index in
+        the split's tokens, when given); return whether the unit starts a piece."""
         piece = int(np.searchsorted(row.cum_units, unit, side="right")) - 1
         j = unit - int(row.cum_units[piece])
         start, end = row.pieces[piece]
@@ -285,6 +301,8 @@ class SegmentStream:
         targets[:length] = self.tokens[offset + 1 : offset + 1 + length]
         first_scored = 0 if j == 0 else self.overlap
         mask[first_scored:length] = True
+        if offsets is not None:
+            offsets[:length] = np.arange(offset + 1, offset + 1 + length)
         return j == 0
 
     def _start_epoch(self) -> None:

@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_map
 from torchmetrics import SumMetric
 
 from longctx.models import rng_state
+from longctx.models.token_nll import TokenNLLCollector
 
 # A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
 # tensors, None), e.g. `SpanCache`, `XLMemory`, `RecurrenceMemory`, or None for a model without
@@ -72,6 +73,8 @@ class LMBase(pl.LightningModule):
     """Shared base of the language-model modules (see docs/architecture.md for the contract)."""
 
     network_attribute = "net"  # the attribute holding the network (what `CompileNetwork` compiles)
+    # Per-target NLL of the running evaluation: set by `TokenNLLWriter` (`--write_token_nll true`) only.
+    token_nll_collector: TokenNLLCollector | None = None
 
     def __init__(
         self,
@@ -215,6 +218,8 @@ class LMBase(pl.LightningModule):
         self.token_sum[stage].update(mask.sum().double())
         if (n_bytes := self._scored_bytes(batch["target"], mask)) is not None:
             self.byte_sum[stage].update(n_bytes.double())
+        if self.token_nll_collector is not None:
+            self.token_nll_collector.add(out.nll, mask, batch)
         self._eval_batches[stage] += 1
         self._eval_length[stage] = batch["input"].shape[-1]
         self._log_step_logs(stage, out.logs)

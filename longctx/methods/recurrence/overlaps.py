@@ -4,7 +4,8 @@ Windows stay T tokens long; overlap o makes the stride T − o, so each scored t
 at a higher cost. `evaluate_overlaps` runs Lightning's test (or validate) loop once per overlap,
 prints and logs the table of every metric against o (`eval/overlaps`), and saves the figure of
 perplexity against o and against FLOPs per token (the paper's trade-off) as
-`<run dir>/overlaps_<split>.png` (also logged to W&B). The CLI's `evaluate_overlaps` subcommand
+`<run dir>/overlaps_<split>.png` (also logged to W&B); with `--write_token_nll true` each overlap's
+per-token NLL goes to `<run dir>/token_nll_overlap{o}.npz`. The CLI's `evaluate_overlaps` subcommand
 (`python -m longctx evaluate_overlaps --config ... --ckpt_path ...`) calls it.
 """
 
@@ -18,6 +19,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import WandbLogger
 from matplotlib.figure import Figure
 
+from longctx.callbacks.token_nll import set_token_nll_name
 from longctx.data.datamodule import LMDataModule
 
 
@@ -36,6 +38,7 @@ def evaluate_overlaps(
     rows = []
     for overlap in overlaps:
         datamodule.set_eval_overlap(overlap)
+        set_token_nll_name(trainer, f"token_nll_overlap{overlap}.npz")  # with --write_token_nll true
         metrics = evaluate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)[0]
         rows.append({"overlap": overlap, **{k: float(v) for k, v in metrics.items()}})
         ckpt_path = None  # weights are loaded once
