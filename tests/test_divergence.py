@@ -61,7 +61,8 @@ def test_nan_training_loss_stops_the_fit_at_its_step(tmp_path):
 
 def test_loss_above_the_bound_stops_the_fit(tmp_path):
     """Finite but exploded: above 10 × log(64) = 41.6 nats."""
-    with pytest.raises(DivergenceError, match=r"training loss .* at step 3 exceeds the divergence bound 41\.59"):
+    bound = r"training loss .* at step 3 exceeds the divergence bound 41\.59"
+    with pytest.raises(DivergenceError, match=bound):
         _fit(tmp_path, train_from=2, scale=1e3)
 
 

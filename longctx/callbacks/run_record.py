@@ -7,8 +7,8 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
   (training tokens seen so far, all ranks) and every `val/*` metric; the validation curve.
 - `summary.json`, written (atomically) when a subcommand ends:
   `status` ("finished" | "failed" | "interrupted": SIGTERM or Ctrl-C | "diverged": the loss went
-  NaN, infinite or past the divergence bound, see `longctx.callbacks.divergence`), `subcommand`, `method` (class
-  path), `parameters`, `metrics` (every `val/*` and `test/*`: loss, bpc/ppl, word_ppl, bpb,
+  NaN, infinite or past the divergence bound, see `longctx.callbacks.divergence`), `subcommand`,
+  `method` (class path), `parameters`, `metrics` (every `val/*` and `test/*`: loss, bpc/ppl, word_ppl, bpb,
   flops_per_token, ...), `train_tokens`, `train_tokens_per_s` (training time only, validation left
   out), `peak_memory_bytes` with `peak_memory_kind` (`cuda_max_allocated` on a GPU, else the
   process's `peak_rss`), `wall_time_s`, `global_step`, `error` (one line, or null), and `time`.
