@@ -107,11 +107,11 @@ def test_report_table_figures_and_dashes(runs, tmp_path, capsys):
     assert rows[1]["test"] == rows[1]["test_word_ppl"] == "-" and rows[1]["val"] != "-"
     assert {r["flops_per_token"] for r in rows} == {"-"}
     markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "| fit_only | CarryLM | sample | finished |" in markdown
-    # No run logged FLOPs/token, so the FLOPs figure names all three as left out.
+    assert "| fit_only | CarryLM | - | sample | finished |" in markdown
+    # No run logged FLOPs/token, so the FLOPs figure names all three as left out; failed for its status.
     assert (
-        "test bits per byte vs FLOPs per token: left out (no value recorded): full, fit_only, failed"
-        in markdown
+        "- bits per byte vs FLOPs per token: left out (no value recorded): full, fit_only; "
+        "left out (failed): failed" in markdown
     )
     without_bpb_curve = [
         n for n in names if not any("val/bpb" in line for line in (runs / n / "metrics.jsonl").open())
@@ -124,9 +124,10 @@ def test_report_table_figures_and_dashes(runs, tmp_path, capsys):
         assert f"]({name})" in markdown
 
 
-def test_report_refuses_a_directory_without_a_summary(tmp_path):
-    with pytest.raises(SystemExit, match=r"no summary\.json; pass run directories"):
+def test_report_refuses_a_directory_without_a_summary(tmp_path, capsys):
+    with pytest.raises(SystemExit, match=r"no run directory among .*: pass run directories"):
         report_main([str(tmp_path), "--out", str(tmp_path / "out")])
+    assert f"{tmp_path}: skipped, not a run directory (no summary.json)" in capsys.readouterr().err
 
 
 def test_report_logs_its_table_to_an_active_wandb_run(tmp_path, monkeypatch):
@@ -165,4 +166,4 @@ def test_report_logs_its_table_to_an_active_wandb_run(tmp_path, monkeypatch):
         None,
     )
     assert {"report/bpb_vs_flops", "report/bpb_vs_memory", "report/val_curves"} <= set(run.logged)
-    assert "| xl | TransformerXLLM | - | finished | 1,234 |" in (tmp_path / "out" / "report.md").read_text()
+    assert "| xl | TransformerXLLM | - | - | finished | 1,234 |" in (tmp_path / "out" / "report.md").read_text()
