@@ -277,15 +277,20 @@ def test_rows_say_which_variant_ran(tmp_path):
 
 
 def test_report_skips_a_folder_that_is_not_a_run(tmp_path, capsys):
-    """`report runs/*` with a sweep's folder (its runs one level down) and a stray file inside."""
+    """`report runs/*` with a sweep's folder (its runs one level down), a stray file and a run record
+    that does not parse inside."""
     _write_run(tmp_path / "runs", "a", _finished(2.0))
     _write_run(tmp_path / "runs" / "compare_tiny", "xl", _finished(2.5))
     (tmp_path / "runs" / "notes.txt").write_text("not a run")
+    (tmp_path / "runs" / "broken").mkdir()
+    (tmp_path / "runs" / "broken" / "summary.json").write_text('{"status": ')
     paths = sorted((tmp_path / "runs").iterdir())
     report_main([*map(str, paths), "--out", str(tmp_path / "out")])
     assert [r["run"] for r in csv.DictReader((tmp_path / "out" / "report.csv").open())] == ["a"]
     sweep, notes = tmp_path / "runs" / "compare_tiny", tmp_path / "runs" / "notes.txt"
     expected = [
+        f"{tmp_path / 'runs' / 'broken'}: skipped, unreadable run record (JSONDecodeError: Expecting "
+        "value: line 1 column 12 (char 11))",
         f"{sweep}: skipped, not a run directory (no summary.json) "
         f"(run directories inside it: pass {sweep}/*)",
         f"{notes}: skipped, not a run directory (no summary.json)",
