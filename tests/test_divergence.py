@@ -66,12 +66,36 @@ def test_loss_above_the_bound_stops_the_fit(tmp_path):
         _fit(tmp_path, train_from=2, scale=1e3)
 
 
+def test_the_verdict_is_read_every_n_steps_and_before_every_checkpoint(tmp_path):
+    """No host sync per step: the first bad step is kept on the device and read every N steps, and
+    before any checkpoint is written (here one every step), so a diverged model is never saved."""
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    stop = StopOnDivergence(check_every_n_steps=50)
+    trainer = cpu_trainer(
+        tmp_path, max_steps=20, limit_val_batches=0, enable_checkpointing=True, callbacks=[checkpoint, stop]
+    )
+    with pytest.raises(DivergenceError, match="training loss is nan at step 3;"):
+        trainer.fit(NanLM(train_from=2), datamodule=SyntheticData(n_tokens=2000))
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "epoch=0-step=1.ckpt",
+        "epoch=0-step=2.ckpt",
+    ]
+
+    stop = StopOnDivergence(check_every_n_steps=4)
+    trainer = cpu_trainer(tmp_path, max_steps=20, limit_val_batches=0, callbacks=[stop])
+    with pytest.raises(DivergenceError, match="training loss is nan at step 3;"):
+        trainer.fit(NanLM(train_from=2), datamodule=SyntheticData(n_tokens=2000))
+    assert trainer.global_step == 4
+
+
 def test_the_bound_is_a_knob():
     module = CarryLM(vocab_size=256)
     assert StopOnDivergence(max_loss_factor=2.0).max_loss(module) == pytest.approx(2 * math.log(256))
     assert StopOnDivergence(max_loss_factor=None).max_loss(module) is None
     with pytest.raises(ValueError, match="max_loss_factor must be positive or null"):
         StopOnDivergence(max_loss_factor=0)
+    with pytest.raises(ValueError, match="check_every_n_steps must be positive"):
+        StopOnDivergence(check_every_n_steps=0)
 
 
 def _cli_args(run_name: str, *extra: str) -> list[str]:
@@ -148,7 +172,8 @@ def test_a_diverged_fit_is_recorded_as_diverged(tmp_path):
     with pytest.raises(DivergenceError), recorded(trainer, "fit"):
         trainer.fit(NanLM(train_from=1), datamodule=SyntheticData(n_tokens=2000))
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["status"], summary["global_step"]) == ("diverged", 2)
+    assert (summary["status"], summary["global_step"]) == ("diverged", 6)  # read when training ended
+    assert summary["error"].startswith("DivergenceError: diverged: training loss is nan at step 2;")
 
 
 class NanOnRankOne(NanLM):
@@ -168,9 +193,9 @@ class RecordedStop(StopOnDivergence):
         super().__init__()
         self.folder = Path(folder)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def _stop_if_diverged(self, trainer, pl_module) -> None:
         try:
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            super()._stop_if_diverged(trainer, pl_module)
         except DivergenceError:
             (self.folder / f"rank{trainer.global_rank}.txt").write_text(f"step {trainer.global_step}")
             raise
@@ -188,5 +213,6 @@ def test_every_rank_stops_at_the_same_step_under_ddp(tmp_path):
     )
     with pytest.raises(Exception, match="training loss is nan at step 3"):
         trainer.fit(NanOnRankOne(), datamodule=SyntheticData(n_tokens=2000, eval_batch_size=4))
+    # Read at the end of training (step 8, before check_every_n_steps), on both ranks.
     stops = {path.name: path.read_text() for path in tmp_path.glob("rank*.txt")}
-    assert stops == {"rank0.txt": "step 3", "rank1.txt": "step 3"}
+    assert stops == {"rank0.txt": "step 8", "rank1.txt": "step 8"}
