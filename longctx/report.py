@@ -87,7 +87,10 @@ def read_runs(paths: Sequence[Path]) -> tuple[list[Run], list[str]]:
         try:
             runs.append(read_run(path))
         except FileNotFoundError:
-            inside = sorted(p.parent.name for p in path.glob(f"*/{SUMMARY}")) if path.is_dir() else []
+            if not path.exists():
+                skipped.append(f"{path}: skipped, no such file or directory")
+                continue
+            inside = path.is_dir() and any(path.glob(f"*/{SUMMARY}"))
             hint = f" (run directories inside it: pass {path}/*)" if inside else ""
             skipped.append(f"{path}: skipped, not a run directory (no {SUMMARY}){hint}")
         except (OSError, ValueError, yaml.YAMLError) as err:  # unreadable JSON/YAML: not a run record

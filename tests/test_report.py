@@ -284,7 +284,7 @@ def test_report_skips_a_folder_that_is_not_a_run(tmp_path, capsys):
     (tmp_path / "runs" / "notes.txt").write_text("not a run")
     (tmp_path / "runs" / "broken").mkdir()
     (tmp_path / "runs" / "broken" / "summary.json").write_text('{"status": ')
-    paths = sorted((tmp_path / "runs").iterdir())
+    paths = [*sorted((tmp_path / "runs").iterdir()), tmp_path / "runs" / "typo"]
     report_main([*map(str, paths), "--out", str(tmp_path / "out")])
     assert [r["run"] for r in csv.DictReader((tmp_path / "out" / "report.csv").open())] == ["a"]
     sweep, notes = tmp_path / "runs" / "compare_tiny", tmp_path / "runs" / "notes.txt"
@@ -294,6 +294,7 @@ def test_report_skips_a_folder_that_is_not_a_run(tmp_path, capsys):
         f"{sweep}: skipped, not a run directory (no summary.json) "
         f"(run directories inside it: pass {sweep}/*)",
         f"{notes}: skipped, not a run directory (no summary.json)",
+        f"{tmp_path / 'runs' / 'typo'}: skipped, no such file or directory",
     ]
     assert [
         line.removeprefix("longctx report: ") for line in capsys.readouterr().err.splitlines()
