@@ -88,6 +88,21 @@ def test_the_verdict_is_read_every_n_steps_and_before_every_checkpoint(tmp_path)
     assert trainer.global_step == 4
 
 
+def test_the_per_step_check_holds_no_host_sync():
+    """On the meta device (shapes, no values) any host read raises: a step's verdict stays a tensor."""
+    from types import SimpleNamespace
+
+    strategy = SimpleNamespace(reduce=lambda tensor, reduce_op: tensor)
+    trainer = SimpleNamespace(accumulate_grad_batches=2, strategy=strategy, global_step=7)
+    stop = StopOnDivergence()
+    for _ in range(2):
+        stop.on_train_batch_end(trainer, CarryLM(), {"loss": torch.empty((), device="meta")}, None, 0)
+    step, value = stop._first_bad
+    assert step.device.type == value.device.type == "meta"
+    with pytest.raises(RuntimeError):  # what a per-step read would do
+        float(value)
+
+
 def test_the_bound_is_a_knob():
     module = CarryLM(vocab_size=256)
     assert StopOnDivergence(max_loss_factor=2.0).max_loss(module) == pytest.approx(2 * math.log(256))
