@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from longctx.callbacks.divergence import DivergenceError, StopOnDivergence
+from longctx.callbacks.divergence import DivergenceError, StopOnDivergence, advice
 from longctx.cli import main
 from longctx.models.base import StepOutput
 from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer
@@ -101,6 +101,17 @@ def test_the_per_step_check_holds_no_host_sync():
     assert step.device.type == value.device.type == "meta"
     with pytest.raises(RuntimeError):  # what a per-step read would do
         float(value)
+
+
+def test_the_advice_fits_the_trainer():
+    from types import SimpleNamespace
+
+    fp16_clipped = advice(SimpleNamespace(gradient_clip_val=0.25, precision="16-mixed"))
+    assert "bf16-mixed instead of 16-mixed" in fp16_clipped and "clip gradients" not in fp16_clipped
+    fp32_unclipped = advice(SimpleNamespace(gradient_clip_val=None, precision="32-true"))
+    assert (
+        "clip gradients (--trainer.gradient_clip_val 1.0)" in fp32_unclipped and "bf16" not in fp32_unclipped
+    )
 
 
 def test_the_bound_is_a_knob():
