@@ -45,7 +45,14 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from longctx.callbacks import CheckpointOnSigterm, ProgressLog, RunRecord, recorded
+from longctx.callbacks import (
+    CheckpointOnSigterm,
+    DivergenceError,
+    ProgressLog,
+    RunRecord,
+    StopOnDivergence,
+    recorded,
+)
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.data.datamodule import LMDataModule
@@ -236,6 +243,7 @@ class LongCtxCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.add_lightning_class_args(ProgressLog, "progress")  # a callback of every run, configurable
+        parser.add_lightning_class_args(StopOnDivergence, "divergence")  # NaN or exploded loss stops fit
         parser.add_argument(
             "--run_name",
             type=str | None,
@@ -391,3 +399,6 @@ def main(args: list[str] | None = None) -> LongCtxCLI:
         return LongCtxCLI(args=args, parser_kwargs=PARSER_KWARGS)
     except ConfigError as err:
         sys.exit(f"error: {err}")
+    except DivergenceError as err:  # summary.json already says "diverged"
+        say(str(err))
+        sys.exit(1)

@@ -4,17 +4,24 @@ It reads what each run wrote into its own directory (`summary.json` and `metrics
 `longctx.callbacks.run_record`, and the resolved `config.yaml`), so it needs no W&B account, and
 writes into `--out` (default `report/`):
 
-- `report.md` and `report.csv`: one row per run: run, method, corpus, status, parameters, training
-  tokens seen, training tokens/s, peak memory, FLOPs per token, the method's native metric (bpc or
-  ppl) on validation and test, test word perplexity, and bits per byte on validation and test;
-- `bpb_vs_flops.png`, `bpb_vs_memory.png`: test bits per byte against FLOPs per token and against
-  peak memory, one point per run;
+- `report.md` and `report.csv`: one row per run: run, method, variant (what the config ran: memory
+  length, TRAMS m/M, no memory, recurrence on/off, window and overlap, span kind, protocol), corpus,
+  status, parameters, training tokens seen, training tokens/s, peak memory, FLOPs per token, the
+  method's native metric (bpc or ppl) on validation and test, test word perplexity, and bits per
+  byte on validation and test;
+- `bpb_vs_flops.png`, `bpb_vs_memory.png`: bits per byte against FLOPs per token and against peak
+  memory, one point per run: test, or validation (hollow, "(val)") for a run that was not tested
+  (a `fit` or `validate` alone);
 - `val_curves.png`: validation bits per byte against training tokens, one line per run.
 
 Bits per byte is the one metric comparable across tokenizers (bytes, characters, words, BPE). A value
 a run did not record is a dash, in the table and in the CSV, and a run missing from a figure is named
-under it in `report.md`: never a made-up value. With `--wandb` (or inside an active W&B run) the table
-and figures are also logged to W&B (`report/table`, a `wandb.Table`).
+under it in `report.md` with the reason: never a made-up value. A run that diverged or failed shows
+its status in place of every result and, like unfinished runs and NaN results, comes after the
+finished runs (which keep the order given) and is never plotted as a point. A path that is not a run
+directory (e.g. a sweep's folder in `runs/*`) is skipped with a note in `report.md` and on stderr.
+With `--wandb` (or inside an active W&B run) the table and figures are also logged to W&B
+(`report/table`, a `wandb.Table`; a diverged or failed run's results are empty there).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,6 +80,25 @@ def read_run(path: Path) -> Run:
     return Run(path, json.loads(summary_path.read_text()), config or {}, curve)
 
 
+def read_runs(paths: Sequence[Path]) -> tuple[list[Run], list[str]]:
+    """The run directories among `paths` (e.g. `runs/*`), and one note per path that is not one."""
+    runs, skipped = [], []
+    for path in map(Path, paths):
+        try:
+            runs.append(read_run(path))
+        except FileNotFoundError:
+            if not path.exists():
+                skipped.append(f"{path}: skipped, no such file or directory")
+                continue
+            inside = path.is_dir() and any(path.glob(f"*/{SUMMARY}"))
+            hint = f" (run directories inside it: pass {path}/*)" if inside else ""
+            skipped.append(f"{path}: skipped, not a run directory (no {SUMMARY}){hint}")
+        except (OSError, ValueError, yaml.YAMLError) as err:  # unreadable JSON/YAML: not a run record
+            reason = f"{type(err).__name__}: {err}".splitlines()[0]
+            skipped.append(f"{path}: skipped, unreadable run record ({reason})")
+    return runs, skipped
+
+
 def native_metric(metrics: dict[str, float]) -> str | None:
     """The run's own metric: bpc for byte/character corpora, else perplexity."""
     for name in ("bpc", "ppl"):
@@ -112,6 +139,77 @@ def _method(run: Run) -> Any:
     return None if path is None else path.rsplit(".", 1)[-1]
 
 
+def run_status(run: Run) -> str | None:
+    """The run's status; "diverged" when any of its subcommands diverged (e.g. a `test` of the
+    diverged fit's last checkpoint finished, but the run did not)."""
+    if "diverged" in run.summary.get("statuses", {}).values():
+        return "diverged"
+    return run.summary.get("status")
+
+
+def _settings(run: Run, section: str) -> dict[str, Any]:
+    """The resolved init arguments of the config's `model` (class_path + init_args) or `data`."""
+    section_config = run.config.get(section) or {}
+    return section_config.get("init_args") or section_config
+
+
+def _first_set(*values: Any) -> Any:
+    return next((value for value in values if value is not None), None)
+
+
+def _xl_variant(run: Run) -> str:
+    """Transformer-XL's evaluation: TRAMS m/M, plain XL memory, or no memory (RPE), and the protocol."""
+    model = _settings(run, "model")
+    mem_len = model.get("mem_len")
+    memory = _first_set(model.get("eval_mem_len"), mem_len)
+    if model.get("trams_attended") is not None:
+        pool = _first_set(model.get("trams_pool"), memory)
+        kind = f"TRAMS m={model['trams_attended']} M={pool} kept={model.get('trams_kept')}"
+        kind += f" metric={model.get('trams_metric')}"
+    elif memory == 0:
+        kind = "no memory (RPE)" if mem_len == 0 else f"no memory (trained with {mem_len})"
+    else:
+        kind = f"XL memory {memory}" + (f" (trained with {mem_len})" if mem_len != memory else "")
+    return f"{kind}, protocol {model.get('protocol')}"
+
+
+def _span_variant(run: Run) -> str:
+    model = _settings(run, "model")
+    return f"{model.get('span')} span S={model.get('attn_span')}"
+
+
+def _eval_window(run: Run) -> Any:
+    data = _settings(run, "data")
+    return _first_set(data.get("eval_tgt_len"), data.get("tgt_len"))
+
+
+def _recurrence_variant(run: Run) -> str:
+    model, data = _settings(run, "model"), _settings(run, "data")
+    overlap = _first_set(data.get("eval_overlap"), data.get("overlap"))
+    kind = (
+        f"recurrence on (layer {model.get('insert_layer')})" if model.get("recurrence") else "recurrence off"
+    )
+    return f"{kind}, window {_eval_window(run)} overlap {overlap}"
+
+
+def _window_variant(run: Run) -> str:
+    return f"no memory, window {_eval_window(run)}"
+
+
+# What tells runs of one method apart, read from the run's resolved config.yaml (model and data init_args).
+VARIANTS: dict[str, Callable[[Run], str]] = {
+    "TransformerXLLM": _xl_variant,
+    "AdaptiveSpanLM": _span_variant,
+    "RecurrentGPT2LM": _recurrence_variant,
+    "WindowTransformerLM": _window_variant,
+}
+
+
+def _variant(run: Run) -> Any:
+    describe = VARIANTS.get(_method(run) or "")
+    return None if describe is None or not run.config.get("model") else describe(run)
+
+
 def _fmt(spec: str) -> Callable[[Any], str]:
     return lambda value: format(value, spec)
 
@@ -119,8 +217,9 @@ def _fmt(spec: str) -> Callable[[Any], str]:
 COLUMNS: list[Column] = [
     ("run", lambda run: run.name, str),
     ("method", _method, str),
+    ("variant", _variant, str),
     ("corpus", lambda run: run.config.get("data", {}).get("corpus"), str),
-    ("status", lambda run: run.summary.get("status"), str),
+    ("status", run_status, str),
     ("params", lambda run: run.summary.get("parameters"), _fmt(",d")),
     ("tokens_seen", lambda run: run.summary.get("train_tokens"), _fmt(",.0f")),
     ("tokens_per_s", lambda run: run.summary.get("train_tokens_per_s"), _fmt(",.0f")),
@@ -135,22 +234,42 @@ COLUMNS: list[Column] = [
 ]
 
 
+# Results: shown as the run's status, never as numbers, for a run that diverged or failed.
+RESULT_COLUMNS = ("val", "test", "test_word_ppl", "val_bpb", "test_bpb")
+UNRANKED_STATUSES = ("diverged", "failed")
+
+
 def table(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """One dict per run, column name -> raw value (None when the run did not record it)."""
-    return [{name: read(run) for name, read, _ in COLUMNS} for run in runs]
+    """One dict per run, column name -> raw value (None when the run did not record it, and for the
+    results of a diverged or failed run), in the given order except that runs which cannot be compared
+    (not finished, or a NaN/infinite result) come after all the others."""
+    rows = []
+    for run in runs:
+        row = {name: read(run) for name, read, _ in COLUMNS}
+        if row["status"] in UNRANKED_STATUSES:
+            row.update(dict.fromkeys(RESULT_COLUMNS))
+        rows.append(row)
+    return sorted(rows, key=lambda row: not comparable(row))
 
 
-def _show(value: Any, formatter: Callable[[Any], str]) -> str:
-    return MISSING if value is None else formatter(value)
+def comparable(row: dict[str, Any]) -> bool:
+    """A finished run whose every recorded result is a finite number."""
+    results = [row[name] for name in RESULT_COLUMNS if row[name] is not None]
+    return row["status"] == "finished" and all(math.isfinite(value) for value in results)
+
+
+def _cell(row: dict[str, Any], name: str) -> Any:
+    """What a table shows: the status instead of a diverged or failed run's results, a dash for None."""
+    if row[name] is None:
+        return row["status"] if name in RESULT_COLUMNS and row["status"] in UNRANKED_STATUSES else MISSING
+    return row[name]
 
 
 def to_csv(rows: Sequence[dict[str, Any]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([name for name, _, _ in COLUMNS])
-    writer.writerows(
-        [[MISSING if row[name] is None else row[name] for name, _, _ in COLUMNS] for row in rows]
-    )
+    writer.writerows([[_cell(row, name) for name, _, _ in COLUMNS] for row in rows])
     return out.getvalue()
 
 
@@ -158,41 +277,66 @@ def to_markdown(rows: Sequence[dict[str, Any]]) -> str:
     header = [name for name, _, _ in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        lines.append("| " + " | ".join(_show(row[name], show) for name, _, show in COLUMNS) + " |")
+        cells = [_cell(row, name) if row[name] is None else show(row[name]) for name, _, show in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------- figures
-def scatter(rows: Sequence[dict[str, Any]], x: str, x_label: str) -> tuple[Figure, list[str]]:
-    """Test bits per byte against column `x`, one labelled point per run; returns the runs left out."""
+# A run left out of a figure: (run name, why).
+LeftOut = list[tuple[str, str]]
+NOT_RECORDED = "no value recorded"
+
+
+def scatter(rows: Sequence[dict[str, Any]], x: str, x_label: str) -> tuple[Figure, LeftOut]:
+    """Bits per byte against column `x`, one labelled point per run: the test value (filled), or the
+    validation value (hollow) for a run that was not tested; returns the runs left out."""
     fig = Figure(figsize=(5.5, 4))
     ax = fig.add_subplot()
-    left_out = []
+    left_out: LeftOut = []
+    splits = set()
     for row in rows:
-        if row[x] is None or row["test_bpb"] is None:
-            left_out.append(row["run"])
-            continue
-        ax.scatter(row[x], row["test_bpb"])
-        ax.annotate(
-            row["run"], (row[x], row["test_bpb"]), textcoords="offset points", xytext=(4, 4), fontsize=8
-        )
+        split, y = ("test", row["test_bpb"]) if row["test_bpb"] is not None else ("val", row["val_bpb"])
+        if row["status"] in UNRANKED_STATUSES:
+            left_out.append((row["run"], row["status"]))
+        elif row[x] is None or y is None:
+            left_out.append((row["run"], NOT_RECORDED))
+        elif not math.isfinite(y):
+            left_out.append((row["run"], f"bits per byte {y}"))
+        else:
+            splits.add(split)
+            ax.scatter(row[x], y, color="C0", facecolors="none" if split == "val" else "C0")
+            label = row["run"] if split == "test" else f"{row['run']} (val)"
+            ax.annotate(label, (row[x], y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel(x_label)
-    ax.set_ylabel("test bits per byte")
+    ax.set_ylabel(Y_LABELS.get(frozenset(splits), Y_LABELS[frozenset({"test"})]))
     fig.tight_layout()
     return fig, left_out
 
 
-def curves(runs: Sequence[Run]) -> tuple[Figure, list[str]]:
-    """Validation bits per byte against training tokens, one line per run; returns the runs left out."""
+Y_LABELS = {
+    frozenset({"test"}): "test bits per byte",
+    frozenset({"val"}): "validation bits per byte",
+    frozenset({"test", "val"}): "bits per byte (filled: test, hollow: validation)",
+}
+
+
+def curves(runs: Sequence[Run]) -> tuple[Figure, LeftOut]:
+    """Validation bits per byte against training tokens, one line per run, up to where it diverged;
+    returns the runs left out."""
     fig = Figure(figsize=(5.5, 4))
     ax = fig.add_subplot()
-    left_out = []
+    left_out: LeftOut = []
     for run in runs:
-        points = [(p["train_tokens"], p["val/bpb"]) for p in run.curve if "val/bpb" in p]
+        points = [
+            (p["train_tokens"], p["val/bpb"]) for p in run.curve if math.isfinite(p.get("val/bpb", math.nan))
+        ]
         if not points:
-            left_out.append(run.name)
+            left_out.append((run.name, NOT_RECORDED))
             continue
-        ax.plot(*zip(*points), marker="o", label=run.name)
+        status = run_status(run)
+        label = run.name if status == "finished" else f"{run.name} ({status})"
+        ax.plot(*zip(*points), marker="o", label=label)
     ax.set_xlabel("training tokens")
     ax.set_ylabel("validation bits per byte")
     if len(left_out) < len(runs):
@@ -201,17 +345,33 @@ def curves(runs: Sequence[Run]) -> tuple[Figure, list[str]]:
     return fig, left_out
 
 
+def _left_out_note(title: str, left_out: LeftOut) -> str:
+    """`- TITLE: left out (WHY): run, run; left out (WHY): ...`, one group per reason."""
+    reasons = dict.fromkeys(reason for _, reason in left_out)
+    groups = [f"left out ({why}): {', '.join(run for run, r in left_out if r == why)}" for why in reasons]
+    return f"- {title}: {'; '.join(groups)}"
+
+
 # ---------------------------------------------------------------------- output
 FIGURES = {
-    "bpb_vs_flops.png": "test bits per byte vs FLOPs per token",
-    "bpb_vs_memory.png": "test bits per byte vs peak memory",
+    "bpb_vs_flops.png": "bits per byte vs FLOPs per token",
+    "bpb_vs_memory.png": "bits per byte vs peak memory",
     "val_curves.png": "validation bits per byte vs training tokens",
 }
 
 
 def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, Any]], dict[str, Path]]:
-    """Write report.md, report.csv and the figures into `out`; return the rows and figure paths."""
-    runs = [read_run(Path(d)) for d in run_dirs]
+    """Write report.md, report.csv and the figures into `out`; return the rows and figure paths.
+    A path that is not a run directory is skipped with a note (in report.md and on stderr)."""
+    runs, skipped = read_runs(run_dirs)
+    for note in skipped:
+        print(f"longctx report: {note}", file=sys.stderr)
+    if not runs:
+        raise FileNotFoundError(
+            f"no run directory among {', '.join(map(str, run_dirs))}: pass run directories "
+            f"(runs/<run_name>, with a {SUMMARY}) of runs started with "
+            "`python -m longctx fit|validate|test|evaluate_overlaps`"
+        )
     rows = table(runs)
     out.mkdir(parents=True, exist_ok=True)
     figures = {
@@ -220,13 +380,13 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
         "val_curves.png": curves(runs),
     }
     paths = {}
-    notes = []
+    notes = [f"- {note}" for note in skipped]
     for name, (figure, left_out) in figures.items():
         paths[name] = out / name
         with atomic_path(paths[name]) as tmp:
             figure.savefig(tmp, dpi=120, format="png")
         if left_out:
-            notes.append(f"- {FIGURES[name]}: left out (no value recorded): {', '.join(left_out)}")
+            notes.append(_left_out_note(FIGURES[name], left_out))
     memory_kinds = sorted(
         {run.summary["peak_memory_kind"] for run in runs if run.summary.get("peak_memory_kind")}
     )
@@ -236,7 +396,10 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
         to_markdown(rows),
         f"`{MISSING}`: not recorded by the run. Peak memory: {', '.join(memory_kinds) or MISSING} "
         "(`cuda_max_allocated` on a GPU, else the process's peak RSS). `val`/`test`: the native "
-        "`metric`; `*_bpb`: bits per UTF-8 byte, comparable across tokenizers.\n",
+        "`metric`; `*_bpb`: bits per UTF-8 byte, comparable across tokenizers. Runs that diverged or "
+        "failed show their status instead of results and come last, with unfinished runs and "
+        "non-finite results. Figures: test bits per byte, or validation (hollow, `(val)`) for a run "
+        "that was not tested.\n",
         *[f"![{title}]({name})\n" for name, title in FIGURES.items()],
         *(["\n".join(notes) + "\n"] if notes else []),
     ]

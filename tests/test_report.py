@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+import yaml
 
 from longctx.cli import main
 from longctx.report import main as report_main
@@ -107,11 +109,11 @@ def test_report_table_figures_and_dashes(runs, tmp_path, capsys):
     assert rows[1]["test"] == rows[1]["test_word_ppl"] == "-" and rows[1]["val"] != "-"
     assert {r["flops_per_token"] for r in rows} == {"-"}
     markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "| fit_only | CarryLM | sample | finished |" in markdown
-    # No run logged FLOPs/token, so the FLOPs figure names all three as left out.
+    assert "| fit_only | CarryLM | - | sample | finished |" in markdown
+    # No run logged FLOPs/token, so the FLOPs figure names all three as left out; failed for its status.
     assert (
-        "test bits per byte vs FLOPs per token: left out (no value recorded): full, fit_only, failed"
-        in markdown
+        "- bits per byte vs FLOPs per token: left out (no value recorded): full, fit_only; "
+        "left out (failed): failed" in markdown
     )
     without_bpb_curve = [
         n for n in names if not any("val/bpb" in line for line in (runs / n / "metrics.jsonl").open())
@@ -124,9 +126,10 @@ def test_report_table_figures_and_dashes(runs, tmp_path, capsys):
         assert f"]({name})" in markdown
 
 
-def test_report_refuses_a_directory_without_a_summary(tmp_path):
-    with pytest.raises(SystemExit, match=r"no summary\.json; pass run directories"):
+def test_report_refuses_a_directory_without_a_summary(tmp_path, capsys):
+    with pytest.raises(SystemExit, match=r"no run directory among .*: pass run directories"):
         report_main([str(tmp_path), "--out", str(tmp_path / "out")])
+    assert f"{tmp_path}: skipped, not a run directory (no summary.json)" in capsys.readouterr().err
 
 
 def test_report_logs_its_table_to_an_active_wandb_run(tmp_path, monkeypatch):
@@ -165,4 +168,153 @@ def test_report_logs_its_table_to_an_active_wandb_run(tmp_path, monkeypatch):
         None,
     )
     assert {"report/bpb_vs_flops", "report/bpb_vs_memory", "report/val_curves"} <= set(run.logged)
-    assert "| xl | TransformerXLLM | - | finished | 1,234 |" in (tmp_path / "out" / "report.md").read_text()
+    assert (
+        "| xl | TransformerXLLM | - | - | finished | 1,234 |" in (tmp_path / "out" / "report.md").read_text()
+    )
+
+
+def _write_run(
+    root: Path, name: str, summary: dict, config: dict | None = None, curve: list | None = None
+) -> Path:
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    if config is not None:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    if curve is not None:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(point) + "\n" for point in curve))
+    return run_dir
+
+
+def _finished(bpb: float, **metrics: float) -> dict:
+    return {"status": "finished", "peak_memory_bytes": 2**30, "metrics": {"test/bpb": bpb, **metrics}}
+
+
+def test_diverged_and_failed_runs_show_their_status_and_come_last(tmp_path):
+    """The NaN model of issue 20 scored bpb 0.0 and ranked first; a diverged run's numbers are not
+    results, and a NaN result from a finished `validate` is shown as nan, after every finished run."""
+    _write_run(tmp_path, "diverged", {"status": "diverged", "statuses": {"fit": "diverged"},
+                                      "metrics": {"val/bpc": 0.0, "val/bpb": 0.0}})  # fmt: skip
+    _write_run(tmp_path, "good_b", _finished(2.0, **{"val/bpc": 2.1, "val/bpb": 2.1}))
+    _write_run(tmp_path, "failed", {"status": "failed", "metrics": {"val/bpb": 3.0}})
+    # fit diverged, then `test` of its checkpoint finished: still a diverged run
+    _write_run(tmp_path, "tested", {"status": "finished", "statuses": {"fit": "diverged", "test": "finished"},
+                                    "metrics": {"test/bpb": 0.5}})  # fmt: skip
+    _write_run(
+        tmp_path,
+        "nan_validate",
+        {"status": "finished", "metrics": {"val/bpc": math.nan, "val/bpb": math.nan}},
+    )
+    _write_run(tmp_path, "good_a", _finished(3.0))
+    names = ["diverged", "good_b", "failed", "tested", "nan_validate", "good_a"]
+    report_main([*(str(tmp_path / n) for n in names), "--out", str(tmp_path / "out")])
+    rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open()))
+    shown = [(r["run"], r["status"], r["val"], r["val_bpb"], r["test_bpb"]) for r in rows]
+    assert shown == [
+        ("good_b", "finished", "2.1", "2.1", "2.0"),
+        ("good_a", "finished", "-", "-", "3.0"),
+        ("diverged", "diverged", "diverged", "diverged", "diverged"),
+        ("failed", "failed", "failed", "failed", "failed"),
+        ("tested", "diverged", "diverged", "diverged", "diverged"),
+        ("nan_validate", "finished", "nan", "nan", "-"),
+    ]
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| diverged | - | - | - | diverged | - | - | - | - | - | bpc | diverged | diverged |" in markdown
+    assert (
+        "- bits per byte vs peak memory: left out (diverged): diverged, tested; left out (failed): failed; "
+        "left out (no value recorded): nan_validate" in markdown
+    )
+
+
+XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
+GPT2 = "longctx.methods.recurrence.module.RecurrentGPT2LM"
+SPAN = "longctx.methods.adaptive_span.module.AdaptiveSpanLM"
+WINDOW = "longctx.methods.window_transformer.module.WindowTransformerLM"
+XL_ARGS = {"mem_len": 32, "eval_mem_len": 64, "protocol": "xl", "trams_attended": None, "trams_pool": None,
+           "trams_kept": None, "trams_metric": "code"}  # fmt: skip
+DATA = {"corpus": "wikitext2", "tgt_len": 64, "eval_tgt_len": None, "overlap": 0, "eval_overlap": None}
+VARIANT_CONFIGS = {
+    "xl": (XL, XL_ARGS, DATA),
+    "trams": (XL, {**XL_ARGS, "trams_attended": 32, "trams_pool": 64, "trams_kept": 24}, DATA),
+    "trams_protocol": (XL, {**XL_ARGS, "protocol": "trams"}, DATA),
+    "rpe": (XL, {**XL_ARGS, "mem_len": 0, "eval_mem_len": 0}, DATA),
+    "xl_no_memory": (XL, {**XL_ARGS, "eval_mem_len": 0}, DATA),
+    "gpt2_window": (GPT2, {"recurrence": False, "insert_layer": 2}, {**DATA, "eval_overlap": 32}),
+    "recurrent_gpt2": (GPT2, {"recurrence": True, "insert_layer": 2}, DATA),
+    "adaptive_span": (SPAN, {"span": "adaptive", "attn_span": 512}, DATA),
+    "fixed_span": (SPAN, {"span": "fixed", "attn_span": 512}, DATA),
+    "window": (WINDOW, {}, {**DATA, "eval_tgt_len": 128}),
+}
+EXPECTED_VARIANTS = {
+    "xl": "XL memory 64 (trained with 32), protocol xl",
+    "trams": "TRAMS m=32 M=64 kept=24 metric=code, protocol xl",
+    "trams_protocol": "XL memory 64 (trained with 32), protocol trams",
+    "rpe": "no memory (RPE), protocol xl",
+    "xl_no_memory": "no memory (trained with 32), protocol xl",
+    "gpt2_window": "recurrence off, window 64 overlap 32",
+    "recurrent_gpt2": "recurrence on (layer 2), window 64 overlap 0",
+    "adaptive_span": "adaptive span S=512",
+    "fixed_span": "fixed span S=512",
+    "window": "no memory, window 128",
+}
+
+
+def test_rows_say_which_variant_ran(tmp_path):
+    """Plain XL, TRAMS, RPE and no-memory evaluations of one class, GPT-2 with and without recurrence:
+    told apart by the run's resolved config.yaml (the keys are the modules' real init arguments)."""
+    import importlib
+    import inspect
+
+    for name, (class_path, model_args, data_args) in VARIANT_CONFIGS.items():
+        module, cls = class_path.rsplit(".", 1)
+        parameters = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
+        assert set(model_args) <= set(parameters), name
+        config = {"model": {"class_path": class_path, "init_args": model_args}, "data": data_args}
+        _write_run(tmp_path, name, {"status": "finished", "method": class_path, "metrics": {}}, config)
+    report_main([*(str(tmp_path / n) for n in VARIANT_CONFIGS), "--out", str(tmp_path / "out")])
+    rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open()))
+    assert {r["run"]: r["variant"] for r in rows} == EXPECTED_VARIANTS
+
+
+def test_report_skips_a_folder_that_is_not_a_run(tmp_path, capsys):
+    """`report runs/*` with a sweep's folder (its runs one level down), a stray file and a run record
+    that does not parse inside."""
+    _write_run(tmp_path / "runs", "a", _finished(2.0))
+    _write_run(tmp_path / "runs" / "compare_tiny", "xl", _finished(2.5))
+    (tmp_path / "runs" / "notes.txt").write_text("not a run")
+    (tmp_path / "runs" / "broken").mkdir()
+    (tmp_path / "runs" / "broken" / "summary.json").write_text('{"status": ')
+    paths = [*sorted((tmp_path / "runs").iterdir()), tmp_path / "runs" / "typo"]
+    report_main([*map(str, paths), "--out", str(tmp_path / "out")])
+    assert [r["run"] for r in csv.DictReader((tmp_path / "out" / "report.csv").open())] == ["a"]
+    sweep, notes = tmp_path / "runs" / "compare_tiny", tmp_path / "runs" / "notes.txt"
+    expected = [
+        f"{tmp_path / 'runs' / 'broken'}: skipped, unreadable run record (JSONDecodeError: Expecting "
+        "value: line 1 column 12 (char 11))",
+        f"{sweep}: skipped, not a run directory (no summary.json) "
+        f"(run directories inside it: pass {sweep}/*)",
+        f"{notes}: skipped, not a run directory (no summary.json)",
+        f"{tmp_path / 'runs' / 'typo'}: skipped, no such file or directory",
+    ]
+    assert [
+        line.removeprefix("longctx report: ") for line in capsys.readouterr().err.splitlines()
+    ] == expected
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert all(f"- {note}" in markdown for note in expected)
+
+
+def test_figures_plot_validation_bpb_of_runs_that_were_not_tested(tmp_path):
+    """The README's recipes fit and validate but never test: their test-bpb figures were empty."""
+    from longctx.report import read_runs, scatter, table
+
+    _write_run(tmp_path, "tested", _finished(2.0, **{"test/flops_per_token": 1e6}))
+    _write_run(tmp_path, "fit_only", {"status": "finished", "peak_memory_bytes": 2**30,
+                                      "metrics": {"val/bpb": 2.5, "val/flops_per_token": 2e6}})  # fmt: skip
+    runs, skipped = read_runs([tmp_path / "tested", tmp_path / "fit_only"])
+    figure, left_out = scatter(table(runs), "flops_per_token", "FLOPs per token")
+    assert left_out == [] and skipped == []
+    (ax,) = figure.axes
+    points = [tuple(c.get_offsets()[0]) for c in ax.collections]
+    assert points == [(1e6, 2.0), (2e6, 2.5)]
+    assert [t.get_text() for t in ax.texts] == ["tested", "fit_only (val)"]
+    assert ax.get_ylabel() == "bits per byte (filled: test, hollow: validation)"

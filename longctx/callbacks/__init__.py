@@ -3,6 +3,8 @@
 - `CompileNetwork`: `torch.compile` of a method's network (opt in: `trainer.callbacks`).
 - `ProgressLog`: plain progress lines in log files and a closing summary (registered by the CLI:
   the `progress:` config section).
+- `StopOnDivergence`: a NaN, infinite or out-of-bound loss stops `fit` with `DivergenceError`
+  (registered by the CLI: the `divergence:` config section).
 - `CheckpointOnSigterm`: SIGTERM during `fit` saves `last.ckpt` and exits 143 (registered by the CLI).
 - `RunRecord` (+ `recorded`): `summary.json` and `metrics.jsonl` in the run directory (registered by
   the CLI; read by `python -m longctx report` and the sweep runner).
@@ -11,8 +13,17 @@
 """
 
 from longctx.callbacks.compile import CompileNetwork
+from longctx.callbacks.divergence import DivergenceError, StopOnDivergence
 from longctx.callbacks.progress import ProgressLog
 from longctx.callbacks.run_record import RunRecord, recorded
 from longctx.callbacks.sigterm import CheckpointOnSigterm
 
-__all__ = ["CheckpointOnSigterm", "CompileNetwork", "ProgressLog", "RunRecord", "recorded"]
+__all__ = [
+    "CheckpointOnSigterm",
+    "CompileNetwork",
+    "DivergenceError",
+    "ProgressLog",
+    "RunRecord",
+    "StopOnDivergence",
+    "recorded",
+]

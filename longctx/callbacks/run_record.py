@@ -6,8 +6,9 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
 - `metrics.jsonl`: one line per validation during `fit`: `step` (global step), `train_tokens`
   (training tokens seen so far, all ranks) and every `val/*` metric; the validation curve.
 - `summary.json`, written (atomically) when a subcommand ends:
-  `status` ("finished" | "failed" | "interrupted": SIGTERM or Ctrl-C), `subcommand`, `method` (class
-  path), `parameters`, `metrics` (every `val/*` and `test/*`: loss, bpc/ppl, word_ppl, bpb,
+  `status` ("finished" | "failed" | "interrupted": SIGTERM or Ctrl-C | "diverged": the loss went
+  NaN, infinite or past the divergence bound, see `longctx.callbacks.divergence`), `subcommand`,
+  `method` (class path), `parameters`, `metrics` (every `val/*` and `test/*`: loss, bpc/ppl, word_ppl, bpb,
   flops_per_token, ...), `train_tokens`, `train_tokens_per_s` (training time only, validation left
   out), `peak_memory_bytes` with `peak_memory_kind` (`cuda_max_allocated` on a GPU, else the
   process's `peak_rss`), `wall_time_s`, `global_step`, `error` (one line, or null), and `time`.
@@ -37,6 +38,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from longctx.atomic import write_json_atomic, write_text_atomic
+from longctx.callbacks.divergence import DivergenceError
 from longctx.callbacks.progress import scored_tokens
 
 SUMMARY = "summary.json"
@@ -146,6 +148,8 @@ class RunRecord(pl.Callback):
             status = "finished"
         elif isinstance(cause, (SIGTERMException, KeyboardInterrupt)):
             status = "interrupted"
+        elif isinstance(cause, DivergenceError):
+            status = "diverged"
         else:
             status = "failed"
         model = trainer.lightning_module

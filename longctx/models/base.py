@@ -64,6 +64,13 @@ class StepOutput:
     mask: Tensor | None = None
 
 
+def _propagating_sum() -> SumMetric:
+    """A sum that keeps NaN and inf: torchmetrics' default (`nan_strategy="warn"`) drops NaN values,
+    so a diverged model would score loss 0, perplexity 1 (a wrong number, worse than none).
+    "disable" also skips the per-update NaN check, a host sync."""
+    return SumMetric(nan_strategy="disable")
+
+
 def detach_memory(memory: Memory) -> Memory:
     """Cut the graph behind every tensor of a memory (truncated backprop through time)."""
     return tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, memory)
@@ -93,9 +100,9 @@ class LMBase(pl.LightningModule):
         self.lr_scheduler_factory = lr_scheduler
         self._memory: dict[str, Memory] = dict.fromkeys(STAGES)
         # Token-weighted sums, synced across ranks by torchmetrics on compute().
-        self.nll_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
-        self.token_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
-        self.byte_sum = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
+        self.nll_sum = torch.nn.ModuleDict({s: _propagating_sum() for s in ("val", "test")})
+        self.token_sum = torch.nn.ModuleDict({s: _propagating_sum() for s in ("val", "test")})
+        self.byte_sum = torch.nn.ModuleDict({s: _propagating_sum() for s in ("val", "test")})
         self._token_bytes: tuple[Tensor, Tensor] | None = None  # data module's (V,) table, on device
         self._batch_start_time: float | None = None
         self._eval_batches: dict[str, int] = {"val": 0, "test": 0}
