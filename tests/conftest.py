@@ -5,6 +5,7 @@
   need it carry `skip_without_shared(...)` and skip, saying which path is missing. Point `LONGCTX_SHARED` at
   an empty folder to check that the suite skips (never fails) without it.
 - W&B is off unless a test turns it on (no account, no network, no `wandb/` folders).
+- Token caches go to a temporary folder of each test (`$LONGCTX_CACHE`), never to the user's cache.
 - Two tiers (pyproject's `addopts` deselects `slow`): `python -m pytest -q` is the fast tier,
   `python -m pytest -q -m slow` the rest (compile, DDP, SLURM, resume), `-m ''` both.
 """
@@ -32,6 +33,12 @@ def skip_without_shared(*parts: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not path.exists(), reason=f"{path} is not present (../shared, or set $LONGCTX_SHARED)"
     )
+
+
+@pytest.fixture(autouse=True)
+def _token_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A data module without `cache_dir` writes to `$LONGCTX_CACHE`: a folder of this test's own."""
+    monkeypatch.setenv("LONGCTX_CACHE", str(tmp_path_factory.mktemp("token-cache")))
 
 
 @pytest.hookimpl(tryfirst=True)
