@@ -244,8 +244,9 @@ def check_root(spec: CorpusSpec) -> None:
     """A data root that is not there is an error when nothing may be downloaded into it (it is never
     created for a run that cannot fill it)."""
     if spec.reads_root and not spec.download and not spec.root.is_dir():
+        problem = "is not a folder" if spec.root.exists() else "does not exist"
         raise DataError(
-            f"data.root {spec.root} does not exist: point --data.root at the folder that holds the "
+            f"data.root {spec.root} {problem}: point --data.root at the folder that holds the "
             f"{spec.name} files, or download them into it (--data.download true, or `python -m "
             "longctx.data prepare --config <your config>` where there is network access)"
         )
