@@ -157,10 +157,14 @@ class LoggedConfigCallback(SaveConfigCallback):
     """Saves the resolved config in the run directory and logs it, with the git revision, to W&B."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Record the precision the trainer runs (Lightning turns `16-mixed` into `bf16-mixed` on CPU with
-        a warning, and `null` into `32-true`). Accelerator, devices and strategy stay as given."""
+        """Record the settings the trainer resolved, with a warning at most: the precision (`16-mixed`
+        runs as `bf16-mixed` on CPU, `null` as `32-true`) and a fit's epoch limit (`max_epochs: null`
+        is 1000 epochs without `max_steps`, else unlimited). Accelerator, devices and strategy stay
+        as given."""
         if "trainer" in self.config:
             self.config.trainer.precision = trainer.precision
+            if stage == TrainerFn.FITTING:
+                self.config.trainer.max_epochs = trainer.fit_loop.max_epochs
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

@@ -106,8 +106,10 @@ def test_fit_report_and_convert_write_only_where_told_with_the_umask_mode(tmp_pa
     assert list((run_dir / "wandb").rglob("core-debug-*.log"))
     elsewhere = [p for root in (home, tmp, work) for p in root.rglob("*") if "wandb" in p.name.lower()]
     assert [p for p in elsewhere if run_dir not in p.parents] == []
-    # config.yaml says what ran: Lightning turned 16-mixed into bf16-mixed on CPU.
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["precision"] == "bf16-mixed"
+    # config.yaml says what ran: Lightning turned 16-mixed into bf16-mixed on CPU, and max_epochs: null
+    # with max_steps into no epoch limit.
+    trainer = yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]
+    assert trainer["precision"] == "bf16-mixed" and trainer["max_epochs"] == -1
 
 
 @skip_without_shared("data", "gpt2")  # the tokenizer files the export copies
