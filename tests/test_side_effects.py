@@ -15,16 +15,10 @@ import yaml
 
 from longctx.methods.recurrence.export import copy_tokenizer, save_lm
 from tests.conftest import shared_dir, skip_without_shared
+from tests.test_convert import ADAPTIVE_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 ADAPTIVE = shared_dir() / "fixtures" / "authors_checkpoints" / "adaptive_span"
-ADAPTIVE_CONFIG = """\
-model:
-  class_path: longctx.methods.adaptive_span.module.AdaptiveSpanLM
-  init_args: {d_model: 32, n_layers: 2, n_heads: 4, d_inner: 64, attn_span: 256, span_ramp: 8, dropout: 0.0}
-data:
-  corpus: enwik8
-"""
 # What a user may have set that would send W&B or caches elsewhere: the test decides all of it.
 FOLDER_VARIABLES = (
     "XDG_CACHE_HOME",
