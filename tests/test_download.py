@@ -384,6 +384,7 @@ def test_pg19_corrupt_book_is_rejected(server, tmp_path, monkeypatch):
             listing_url=f"{server.url}/pg19-listing",
         )
     assert not (tmp_path / "pg19" / "test" / "500.txt").exists()
+    assert list(tmp_path.iterdir()) == []  # nor the folders made for it
 
 
 @needs_shared  # the GPT-2 tokenizer loads before the books are looked for
