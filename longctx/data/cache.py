@@ -15,9 +15,9 @@ A cache is built in a temporary folder beside its final one and renamed into pla
 so a failed or interrupted build leaves nothing behind (no empty folder either) and a crash never
 leaves a cache that a later run trusts. A cache damaged later (truncated, or overwritten in place
 with the same size) fails its size/digest check at its first open in a process: `prepare_corpus`
-rebuilds it from the corpus files, `load_corpus` refuses it with the fix. The fingerprint covers everything that
-changes the ids (corpus, the data root it is read from, which file feeds each split, tokenizer,
-PG-19 subset, imported vocabulary, format version), so two data roots never share a cache.
+rebuilds it from the corpus files, `load_corpus` refuses it with the fix. The fingerprint covers
+everything that changes the ids (corpus, the data root it is read from, which file feeds each split,
+tokenizer, PG-19 subset, imported vocabulary, format version), so two data roots never share a cache.
 PG-19 is tokenized book by book and streamed to disk: it is never held in memory whole.
 """
 
