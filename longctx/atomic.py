@@ -6,6 +6,7 @@ own folder and renamed onto the final name only when the write succeeded (`os.re
 one filesystem), so a full disk, a crash or Ctrl-C never leaves a truncated file under a final name.
 `tempfile.mkstemp` creates its file with mode 0600; the finished file gets the mode a plain `open`
 would have given it (0666 less the umask), so teammates on a shared cluster can read what a run wrote.
+Folders are created only for work that succeeds (`created_dirs`): a failed write leaves no empty folder.
 """
 
 from __future__ import annotations
@@ -27,22 +28,41 @@ def umask_mode(mode: int = 0o666) -> int:
 
 
 @contextmanager
+def created_dirs(folder: Path | str) -> Iterator[Path]:
+    """Create `folder` and its missing parents for the block; if the block fails, remove the ones
+    created here again (those still empty), so failed work leaves no folder behind."""
+    folder = Path(folder)
+    missing = [path for path in (folder, *folder.parents) if not path.exists()]  # deepest first
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        for path in missing:
+            try:
+                path.rmdir()
+            except OSError:  # not empty (another process wrote there too) or already gone
+                break
+        raise
+
+
+@contextmanager
 def atomic_path(dest: Path | str) -> Iterator[Path]:
     """Yield a temporary path beside `dest`; rename it onto `dest` only if the block succeeds.
 
-    The temporary file is removed whatever happens; the parent folder is created if missing.
+    The temporary file is removed whatever happens; the parent folder is created if missing (and
+    removed again if the write fails).
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        os.chmod(tmp, umask_mode())
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with created_dirs(dest.parent):
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            os.chmod(tmp, umask_mode())
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def write_text_atomic(dest: Path | str, text: str) -> None:

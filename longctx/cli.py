@@ -7,6 +7,9 @@ On top of LightningCLI it:
 - makes W&B safe to use anywhere: offline when no credentials and no `WANDB_MODE` are present (never
   an interactive login prompt), the W&B run id derived from the run name (so a requeued job resumes
   its W&B run), runs of one sweep grouped, and the full resolved config and git revision logged;
+  W&B writes only into the run directory (`keep_wandb_in`), which must be writable (one line if not);
+- saves in `config.yaml` what ran: the precision Lightning resolved (`16-mixed` runs as `bf16-mixed`
+  on CPU), not the one asked for;
 - builds the model from the config and the flags alone, also with `--ckpt_path` (LightningCLI 2.6
   would re-parse it from the checkpoint's saved hyperparameters, dropping evaluation settings such
   as TRAMS's), and refuses, in one line, a checkpoint whose weights do not fit that model;
@@ -128,12 +131,49 @@ def git_revision() -> str | None:
     return rev + ("-dirty" if dirty else "")
 
 
+# W&B's own folders outside its run files (wandb-core's logs, the artifact cache and staging area)
+# default to the user's cache and data folders: a run keeps them in `<run_dir>/wandb/` instead.
+WANDB_FOLDERS = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
+_wandb_folders_set: dict[str, str] = {}  # what keep_wandb_in set: a later run in-process moves it
+
+
+def keep_wandb_in(run_dir: Path) -> None:
+    """Point W&B's cache, data and artifact folders into the run directory, except those the user set,
+    so W&B writes nothing outside the run directory (its run files go there through `dir`)."""
+    for variable, name in WANDB_FOLDERS.items():
+        value = os.environ.get(variable)
+        if value is None or value == _wandb_folders_set.get(variable):
+            os.environ[variable] = _wandb_folders_set[variable] = os.path.abspath(run_dir / "wandb" / name)
+
+
+def check_writable(run_dir: Path) -> None:
+    """The run directory, or the folder it will be created in, must be writable: checkpoints, records
+    and W&B's files go there (W&B would otherwise fall back to the system temp folder)."""
+    existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
+    if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+        raise ConfigError(
+            f"run directory {run_dir} cannot be written ({existing} is not a writable folder): set "
+            "--trainer.default_root_dir to a folder you can write"
+        )
+
+
 # W&B run summaries keep the best value of these, not the last one.
 MIN_SUMMARIES = ("val/loss", "val/bpc", "val/ppl", "val/word_ppl")
 
 
 class LoggedConfigCallback(SaveConfigCallback):
     """Saves the resolved config in the run directory and logs it, with the git revision, to W&B."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Record the settings the trainer resolved, with a warning at most: the precision (`16-mixed`
+        runs as `bf16-mixed` on CPU, `null` as `32-true`) and a fit's epoch limit (`max_epochs: null`
+        is 1000 epochs without `max_steps`, else unlimited). Accelerator, devices and strategy stay
+        as given."""
+        if "trainer" in self.config:
+            self.config.trainer.precision = trainer.precision
+            if stage == TrainerFn.FITTING:
+                self.config.trainer.max_epochs = trainer.fit_loop.max_epochs
+        super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for logger in trainer.loggers:
@@ -275,9 +315,11 @@ class LongCtxCLI(LightningCLI):
         config.run_name = run_name
         run_dir = Path(config.trainer.default_root_dir or "runs") / run_name
         config.trainer.default_root_dir = str(run_dir)
+        check_writable(run_dir)
         for logger in _logger_configs(config.trainer.logger):
             if logger.class_path == WANDB_LOGGER:
                 ensure_wandb_mode()
+                keep_wandb_in(run_dir)
                 init = logger.init_args
                 init.save_dir = str(run_dir)
                 init.name = init.get("name") or run_name

@@ -408,18 +408,22 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
     return rows, paths
 
 
-def log_to_wandb(rows: Sequence[dict[str, Any]], figures: dict[str, Path], start: bool) -> None:
-    """Log the table (`report/table`) and figures to the active W&B run, or to a new one if `start`."""
+def log_to_wandb(
+    rows: Sequence[dict[str, Any]], figures: dict[str, Path], start: bool, out: Path = Path("report")
+) -> None:
+    """Log the table (`report/table`) and figures to the active W&B run, or to a new one if `start`
+    (whose files, logs and caches go to `<out>/wandb/`, nowhere else)."""
     import wandb
 
     run = wandb.run
     if run is None and not start:
         return
     if run is None:
-        from longctx.cli import ensure_wandb_mode
+        from longctx.cli import ensure_wandb_mode, keep_wandb_in
 
         ensure_wandb_mode()
-        run = wandb.init(project="longctx", job_type="report")
+        keep_wandb_in(out)
+        run = wandb.init(project="longctx", job_type="report", dir=out)
         started = True
     else:
         started = False
@@ -451,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows, figures = write_report(args.run_dirs, args.out)
     except FileNotFoundError as err:
         sys.exit(f"error: {err}")
-    log_to_wandb(rows, figures, start=args.wandb)
+    log_to_wandb(rows, figures, start=args.wandb, out=args.out)
     print(f"wrote {args.out}/report.md, report.csv and {len(figures)} figures for {len(rows)} runs")
 
 

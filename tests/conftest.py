@@ -5,6 +5,8 @@
   need it carry `skip_without_shared(...)` and skip, saying which path is missing. Point `LONGCTX_SHARED` at
   an empty folder to check that the suite skips (never fails) without it.
 - W&B is off unless a test turns it on (no account, no network, no `wandb/` folders).
+- Token caches go to a temporary folder of each test (`$LONGCTX_CACHE`), never to the user's cache;
+  the W&B folders a CLI run points into its run directory are unset again after each test.
 - Two tiers (pyproject's `addopts` deselects `slow`): `python -m pytest -q` is the fast tier,
   `python -m pytest -q -m slow` the rest (compile, DDP, SLURM, resume), `-m ''` both.
 """
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,25 @@ def skip_without_shared(*parts: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not path.exists(), reason=f"{path} is not present (../shared, or set $LONGCTX_SHARED)"
     )
+
+
+@pytest.fixture(autouse=True)
+def _token_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A data module without `cache_dir` writes to `$LONGCTX_CACHE`: a folder of this test's own."""
+    monkeypatch.setenv("LONGCTX_CACHE", str(tmp_path_factory.mktemp("token-cache")))
+
+
+@pytest.fixture(autouse=True)
+def _wandb_folders_restored() -> Iterator[None]:
+    """`cli.keep_wandb_in` sets W&B's folder variables for the process: restore them after each test."""
+    names = ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")  # cli.WANDB_FOLDERS
+    saved = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.hookimpl(tryfirst=True)

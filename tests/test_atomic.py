@@ -2,6 +2,7 @@
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,10 @@ def test_a_failed_write_leaves_neither_a_partial_file_nor_a_temporary(tmp_path):
         raise OSError("disk full")
     assert dest.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
+
+
+def test_a_failed_write_leaves_no_folder_it_made(tmp_path):
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(OSError, match="disk full"), atomic_path(tmp_path / "runs" / "a" / "b" / "x.json"):
+        raise OSError("disk full")
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == [Path("runs")]  # runs was there

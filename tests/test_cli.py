@@ -18,7 +18,15 @@ import torch
 import wandb
 import yaml
 
-from longctx.cli import LongCtxCLI, ensure_wandb_mode, main, run_name_from_env
+from longctx.cli import (
+    WANDB_FOLDERS,
+    LoggedConfigCallback,
+    LongCtxCLI,
+    ensure_wandb_mode,
+    keep_wandb_in,
+    main,
+    run_name_from_env,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -124,6 +132,36 @@ def test_wandb_logger_gets_run_dir_id_and_group(tmp_path, monkeypatch):
     assert logger.save_dir == str(Path("runs") / "sweep/task 7")
     assert logger._wandb_init["id"] == "sweep-task-7" and logger._wandb_init["group"] == "123"
     assert logger._wandb_init["resume"] == "allow"
+
+
+def test_an_unwritable_run_directory_is_one_line_before_anything_runs(tmp_path, capsys):
+    """W&B would fall back to the system temp folder; Lightning would fail at its first write."""
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit, match=r"^error: run directory .*a-file/runs/quick cannot be written \("):
+        main(quick_args(tmp_path, "--trainer.default_root_dir", "a-file/runs"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_wandb_folders_go_into_the_run_directory_unless_the_user_set_them(tmp_path, monkeypatch):
+    for variable in WANDB_FOLDERS:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "mine"))
+    keep_wandb_in(Path("runs/a"))
+    assert os.environ["WANDB_CACHE_DIR"] == str(tmp_path / "runs" / "a" / "wandb" / "cache")
+    assert os.environ["WANDB_DATA_DIR"] == str(tmp_path / "mine")
+    keep_wandb_in(Path("runs/b"))  # a second run in the same process moves what the first set
+    assert os.environ["WANDB_ARTIFACT_DIR"] == str(tmp_path / "runs" / "b" / "wandb" / "artifacts")
+
+
+@pytest.mark.slow  # ~3.5 s: the trainer is built
+def test_saved_config_records_the_precision_that_ran(tmp_path):
+    """Lightning runs `16-mixed` as `bf16-mixed` on CPU: config.yaml says bf16-mixed."""
+    with pytest.warns(UserWarning, match="16-mixed"):
+        cli = LongCtxCLI(args=quick_args(tmp_path, "--trainer.precision", "16-mixed")[1:], run=False)
+    (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, LoggedConfigCallback)]
+    callback.setup(cli.trainer, cli.model, "fit")
+    saved = yaml.safe_load((tmp_path / "runs" / "quick" / "config.yaml").read_text())
+    assert cli.trainer.precision == saved["trainer"]["precision"] == "bf16-mixed"
 
 
 def test_checkpoint_names_with_metric_slashes_are_refused(tmp_path):

@@ -120,16 +120,37 @@ def test_segment_longer_than_the_split_is_a_clear_error(tmp_path):
         data.val_dataloader()
 
 
-def test_missing_data_root_names_the_prepare_command(tmp_path):
-    """What a user without ../shared/data sees running a CPU recipe: the folder and the command."""
+def test_missing_data_root_names_the_prepare_command_and_creates_nothing(tmp_path):
+    """What a user without ../shared/data sees running a CPU recipe: the folder and the fixes; neither
+    the data root nor the cache folder is created."""
     missing = tmp_path / "shared" / "data"
     data = LMDataModule("wikitext2", root=str(missing), cache_dir=str(tmp_path / "cache"), download=False)
     with pytest.raises(
         DataError,
-        match=rf"^wikitext2: wiki\.test\.tokens is missing from {missing}/wikitext-2 \(data\.root {missing} "
-        r"does not exist\) and downloads are off .*`python -m longctx\.data prepare --config <your config>`",
+        match=rf"^data\.root {missing} does not exist: point --data\.root at the folder that holds the "
+        r"wikitext2 files, or download them into it \(--data\.download true, or `python -m longctx\.data "
+        r"prepare --config <your config>` where there is network access\)$",
     ):
         data.prepare_data()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prepare_command_answers_a_missing_root_in_one_line_and_creates_nothing(tmp_path):
+    missing = tmp_path / "data"
+    args = [
+        "prepare",
+        "wikitext2",
+        "--root",
+        str(missing),
+        "--no-download",
+        "--cache_dir",
+        str(tmp_path / "c"),
+    ]
+    with pytest.raises(
+        SystemExit, match=rf"^error: data\.root {missing} does not exist: .*--data\.download true"
+    ):
+        prepare_main(args)
+    assert list(tmp_path.iterdir()) == []
 
 
 @needs_shared
@@ -154,6 +175,7 @@ def test_prepare_from_a_config_reads_its_data_settings(tmp_path, capsys):
 
 
 def test_missing_files_offline_name_the_corpus_and_the_files(tmp_path):
+    (tmp_path / "empty").mkdir()
     data = LMDataModule("wikitext2", root=str(tmp_path / "empty"), cache_dir=str(tmp_path), download=False)
     with pytest.raises(Exception, match=r"(?s)wikitext2.*wiki\.train\.tokens"):
         data.prepare_data()

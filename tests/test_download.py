@@ -10,19 +10,23 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import shutil
 import socket
+import stat
 import threading
 import urllib.parse
 import zipfile
 from pathlib import Path
 
 import numpy as np
+import platformdirs
 import pytest
 
 from longctx.data import cache, corpora
 from longctx.data.cache import CorpusSpec, load_corpus, load_tokenizer, prepare_corpus, vocab_size_of
 from longctx.data.corpora import Archive, Checksum, Member
+from longctx.data.datamodule import LMDataModule
 from longctx.data.download import ChecksumError, DataError, fetch
 from tests.conftest import shared_dir, skip_without_shared
 
@@ -92,7 +96,17 @@ def sha256(data: bytes) -> Checksum:
 
 
 def leftovers(folder: Path) -> list[str]:
-    return [p.name for p in folder.rglob("*") if ".part-" in p.name or ".raw-" in p.name]
+    return [
+        p.name for p in folder.rglob("*") if any(mark in p.name for mark in (".part-", ".raw-", ".build-"))
+    ]
+
+
+def tree(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every path under `folder` (itself included) with its mtime and size: what a write would change."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size)
+        for p in [folder, *folder.rglob("*")]
+    }
 
 
 # ---------------------------------------------------------------------------------- single files
@@ -198,6 +212,55 @@ def test_corrupt_archive_leaves_no_cache(tiny_wikitext, tmp_path):
         prepare_corpus(s)
     assert not (s.path / "meta.json").exists()
     assert not list((tmp_path / "raw").rglob("*.zip")) and not leftovers(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # neither the data root nor the cache folder was created
+
+
+def test_a_file_missing_offline_leaves_no_cache_folder(tiny_wikitext, tmp_path):
+    (tmp_path / "raw").mkdir()
+    with pytest.raises(DataError, match=r"wiki\.test\.tokens is missing from .* downloads are off"):
+        prepare_corpus(spec(tmp_path, None, download=False))
+    assert [p.name for p in tmp_path.iterdir()] == ["raw"] and not any((tmp_path / "raw").iterdir())
+
+
+def test_two_data_roots_never_share_a_cache(tmp_path):
+    """Caches of every data root share one cache folder: the root is part of the fingerprint (except
+    for the sample shipped in the package, which no root changes)."""
+    a, b = (CorpusSpec("wikitext2", root=tmp_path / r, cache_dir=tmp_path / "cache") for r in ("a", "b"))
+    assert a.path.parent == b.path.parent and a.path != b.path
+    a, b = (CorpusSpec("sample", root=tmp_path / r, cache_dir=tmp_path / "cache") for r in ("a", "b"))
+    assert a.path == b.path
+
+
+def test_token_cache_goes_to_the_cache_folder_and_nothing_under_the_data_root(
+    tiny_wikitext, tmp_path, monkeypatch
+):
+    """A read-only data root (CI's ../shared) works: the cache goes to `$LONGCTX_CACHE`, readable as the
+    umask allows (not mkdtemp's 0700), and nothing under the root changes."""
+    folder = tmp_path / "raw" / "wikitext-2"
+    folder.mkdir(parents=True)
+    for split, text in WIKI.items():
+        (folder / f"wiki.{split}.tokens").write_text(text)
+    before = tree(tmp_path / "raw")
+    monkeypatch.setenv("LONGCTX_CACHE", str(tmp_path / "user-cache"))
+    umask = os.umask(0o027)
+    try:
+        data = LMDataModule("wikitext2", root=str(tmp_path / "raw"), download=False, batch_size=1, tgt_len=2)
+        data.prepare_data()
+        data.setup()
+    finally:
+        os.umask(umask)
+    assert tree(tmp_path / "raw") == before
+    assert data.corpus.path.parent == tmp_path / "user-cache"
+    assert stat.S_IMODE(data.corpus.path.stat().st_mode) == 0o750
+    assert {stat.S_IMODE(f.stat().st_mode) for f in data.corpus.path.iterdir()} == {0o640}
+
+
+def test_default_cache_folder_is_the_users_never_the_data_root(tmp_path, monkeypatch):
+    monkeypatch.delenv("LONGCTX_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # where platformdirs looks on Linux
+    cache_dir = LMDataModule("wikitext2", root=str(tmp_path / "raw")).spec.cache_dir
+    assert cache_dir == platformdirs.user_cache_path("longctx") / "tokens"
+    assert tmp_path / "raw" not in [cache_dir, *cache_dir.parents]
 
 
 def test_tampered_member_on_disk_is_rejected(tiny_wikitext, tmp_path):
@@ -254,6 +317,7 @@ def test_corrupt_cache_without_its_corpus_files_is_refused(tiny_wikitext, tmp_pa
     s = spec(tmp_path, tiny_wikitext.url)
     prepare_corpus(s)
     shutil.rmtree(tmp_path / "raw")
+    (tmp_path / "raw").mkdir()  # the data root is there, its files are not
     vocab = s.path / "vocab.txt"
     vocab.write_text(vocab.read_text().replace("cat", "cow"))
     monkeypatch.setattr(cache, "_CHECKED", set())
@@ -320,10 +384,12 @@ def test_pg19_corrupt_book_is_rejected(server, tmp_path, monkeypatch):
             listing_url=f"{server.url}/pg19-listing",
         )
     assert not (tmp_path / "pg19" / "test" / "500.txt").exists()
+    assert list(tmp_path.iterdir()) == []  # nor the folders made for it
 
 
 @needs_shared  # the GPT-2 tokenizer loads before the books are looked for
 def test_pg19_offline_without_books_names_the_folder(tmp_path):
+    (tmp_path / "raw").mkdir()
     with pytest.raises(DataError, match=r"pg19: no books for split train .*train"):
         prepare_corpus(spec(tmp_path, None, name="pg19", download=False, tokenizer=str(SHARED / "gpt2")))
 

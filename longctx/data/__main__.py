@@ -8,16 +8,21 @@ split sources and tokenizer are the config's own `data:` settings, resolved by t
 the cache it writes is the one the run reads; the other flags override them. Downloads are on unless
 `--no-download` (a config's `data.download: false` is for the jobs, not for this command). Run it
 where there is internet (a login node); jobs on compute nodes then only memory-map the cache.
-Prints each split's token count.
+Prints each split's token count. The token cache goes to `--cache_dir` (else the config's
+`data.cache_dir`, else `$LONGCTX_CACHE`, else the user's cache folder), never into the data root; a
+failure (a missing file, no network, a data root that does not exist) is one line and leaves nothing
+behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from longctx.data.corpora import CORPORA
 from longctx.data.datamodule import SPLITS, LMDataModule
+from longctx.data.download import DataError
 
 # The options that decide which files are read and which ids come out; the rest of a config's `data:`
 # (batch sizes, lengths, modes) does not change the cache.
@@ -65,7 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     prepare.add_argument(
         "--root", help="raw files (default: the config's, else $LONGCTX_DATA or ~/.cache/longctx)"
     )
-    prepare.add_argument("--cache_dir", help="token cache (default: <root>/cache)")
+    prepare.add_argument(
+        "--cache_dir",
+        help="token caches (default: the config's, else $LONGCTX_CACHE or ~/.cache/longctx/tokens)",
+    )
     prepare.add_argument("--no-download", dest="download", action="store_false", help="never use the network")
     prepare.add_argument(
         "--tokenizer", help="raw-text corpora: gpt2 (default), a BPE folder or hub id, bytes"
@@ -79,9 +87,12 @@ def main(argv: list[str] | None = None) -> None:
     settings = config_data(args.config) if args.config else {}
     settings = {key: value for key, value in settings.items() if key in CACHE_OPTIONS and value is not None}
     flags = {key: getattr(args, key) for key in CACHE_OPTIONS if getattr(args, key, None) is not None}
-    data = LMDataModule(**{**settings, **flags, "download": args.download})
-    data.prepare_data()
-    data.setup()
+    try:
+        data = LMDataModule(**{**settings, **flags, "download": args.download})
+        data.prepare_data()
+        data.setup()
+    except (DataError, ValueError) as err:
+        sys.exit(f"error: {err}")
     print(f"{data.spec.name}: vocabulary {data.vocab_size}, cache {data.corpus.path}")
     for split in SPLITS:
         tokens = data.corpus.split(split).tokens

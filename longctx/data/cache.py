@@ -1,6 +1,7 @@
 """Tokenize a corpus once into an on-disk cache that every rank memory-maps.
 
-Cache layout, `<cache_dir>/<corpus>-<fingerprint>/`:
+Cache layout, `<cache_dir>/<corpus>-<fingerprint>/`, where `cache_dir` is a folder of its own (by
+default in the user's cache folder, never inside the data root, which may be read-only):
 
 - `<split>.npy`: token ids, smallest unsigned dtype that fits the vocabulary (uint8 bytes, uint16
   GPT-2, uint32 WikiText-103 words);
@@ -10,11 +11,13 @@ Cache layout, `<cache_dir>/<corpus>-<fingerprint>/`:
 - `meta.json`: vocabulary size, token/document/word counts per split, and the size and blake2b
   digest of every other file. Written last: a cache without it is incomplete and is rebuilt.
 
-Every file is written to a temporary name and renamed (`atomic_path`), so a crash never leaves a
-cache that a later run trusts. A cache damaged later (truncated, or overwritten in place with the
-same size) fails its size/digest check at its first open in a process: `prepare_corpus` rebuilds it
-from the corpus files, `load_corpus` refuses it with the fix. The fingerprint covers everything that
-changes the ids (corpus, which file feeds each split, tokenizer, PG-19 subset, format version).
+A cache is built in a temporary folder beside its final one and renamed into place when complete,
+so a failed or interrupted build leaves nothing behind (no empty folder either) and a crash never
+leaves a cache that a later run trusts. A cache damaged later (truncated, or overwritten in place
+with the same size) fails its size/digest check at its first open in a process: `prepare_corpus`
+rebuilds it from the corpus files, `load_corpus` refuses it with the fix. The fingerprint covers
+everything that changes the ids (corpus, the data root it is read from, which file feeds each split,
+tokenizer, PG-19 subset, imported vocabulary, format version), so two data roots never share a cache.
 PG-19 is tokenized book by book and streamed to disk: it is never held in memory whole.
 """
 
@@ -24,6 +27,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from longctx.atomic import created_dirs, umask_mode
 from longctx.data import pg19
 from longctx.data.corpora import (
     CONTIGUOUS_SPLIT,
@@ -68,6 +74,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 2: token_bytes.npy and per-file checksums in meta.json
 SPLITS = ("train", "valid", "test")  # the splits every corpus provides, in this order
+SAMPLE = "sample"  # the corpus shipped inside the package: read from SAMPLE_FILE, not from the data root
 SAMPLE_FILE = Path(__file__).parent / "sample" / "theophrastus_such.txt.gz"
 SAMPLE_EVAL_FRACTION = 0.05
 GPT2_VOCAB_SIZE = 50_257
@@ -80,7 +87,7 @@ META_FILE = "meta.json"
 class CorpusSpec:
     """Everything that decides which raw files are read and which token ids come out.
 
-    name: corpus (see `corpora.CORPORA`). root: raw files. cache_dir: token caches.
+    name: corpus (see `corpora.CORPORA`). root: raw files. cache_dir: the folder holding token caches.
     download: allow network access. split_sources: which corpus split feeds each split (default:
     itself). tokenizer: how a raw-text corpus (wikitext103_raw, pg19) is tokenized: `gpt2`
     (OpenAI's BPE files, fetched into `<root>/gpt2` when missing), a local folder or a Hugging Face
@@ -129,6 +136,8 @@ class CorpusSpec:
             "tokenizer": resolved_tokenizer_name(self.tokenizer) if corpus.unit == "bpe" else None,
             "subset": [self.max_train_documents, self.max_eval_document_tokens] if corpus.documents else None,
         }
+        if self.reads_root:  # caches of several data roots share one cache folder: keep them apart
+            key["root"] = os.path.abspath(self.root)
         if self.vocab_file is not None:  # the ids depend on the imported vocabulary's content
             key["vocab_file"] = hashlib.sha1(self.vocab_file.read_bytes()).hexdigest()
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -136,6 +145,11 @@ class CorpusSpec:
     @property
     def path(self) -> Path:
         return self.cache_dir / f"{self.name}-{self.fingerprint()}"
+
+    @property
+    def reads_root(self) -> bool:
+        """Whether the corpus files come from the data root (every corpus but the shipped sample)."""
+        return self.name != SAMPLE
 
 
 @dataclass
@@ -173,7 +187,6 @@ def prepare_corpus(spec: CorpusSpec) -> Path:
         if (problem := cache_problem(path)) is None:
             return path
         log.warning("%s; rebuilding the token cache", problem)
-        (path / META_FILE).unlink()
         try:
             return _build(spec, path)
         except DataError as err:
@@ -182,25 +195,61 @@ def prepare_corpus(spec: CorpusSpec) -> Path:
 
 
 def _build(spec: CorpusSpec, path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    corpus = spec.corpus
-    if corpus.contiguous_split:
-        meta = _tokenize_contiguous(spec, path)
-    elif corpus.unit == "word":
-        meta = _tokenize_words(spec, path)
-    elif corpus.documents:
-        meta = _tokenize_documents(spec, path)
-    else:
-        meta = _tokenize_raw_files(spec, path)
-    meta.update(
-        version=FORMAT_VERSION,
-        corpus=spec.name,
-        sources={s: spec.source(s) for s in SPLITS},
-        files=_file_records(path),
-    )
-    with atomic_path(path / META_FILE) as tmp:
-        tmp.write_text(json.dumps(meta, indent=1))
+    """Tokenize into a temporary folder beside `path`, then rename it into place: nothing is left
+    behind when reading, downloading or tokenizing fails (not even the cache folder)."""
+    check_root(spec)
+    with created_dirs(path.parent):
+        build = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.build-"))
+        try:
+            corpus = spec.corpus
+            if corpus.contiguous_split:
+                meta = _tokenize_contiguous(spec, build)
+            elif corpus.unit == "word":
+                meta = _tokenize_words(spec, build)
+            elif corpus.documents:
+                meta = _tokenize_documents(spec, build)
+            else:
+                meta = _tokenize_raw_files(spec, build)
+            meta.update(
+                version=FORMAT_VERSION,
+                corpus=spec.name,
+                root=os.path.abspath(spec.root) if spec.reads_root else None,
+                sources={s: spec.source(s) for s in SPLITS},
+                files=_file_records(build),
+            )
+            with atomic_path(build / META_FILE) as tmp:
+                tmp.write_text(json.dumps(meta, indent=1))
+            os.chmod(build, umask_mode(0o777))  # mkdtemp's 0700 would hide the cache from teammates
+            _move_into_place(build, path)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
     return path
+
+
+def _move_into_place(build: Path, path: Path) -> None:
+    """Rename the finished cache `build` onto `path`, replacing a damaged cache there; a sound cache
+    that another process finished meanwhile (e.g. each node's rank 0 on a shared file system) wins."""
+    if path.exists():
+        if (path / META_FILE).is_file() and cache_problem(path) is None:
+            return
+        shutil.rmtree(path)
+    try:
+        os.rename(build, path)
+    except OSError:
+        if not ((path / META_FILE).is_file() and cache_problem(path) is None):
+            raise
+
+
+def check_root(spec: CorpusSpec) -> None:
+    """A data root that is not there is an error when nothing may be downloaded into it (it is never
+    created for a run that cannot fill it)."""
+    if spec.reads_root and not spec.download and not spec.root.is_dir():
+        problem = "is not a folder" if spec.root.exists() else "does not exist"
+        raise DataError(
+            f"data.root {spec.root} {problem}: point --data.root at the folder that holds the "
+            f"{spec.name} files, or download them into it (--data.download true, or `python -m "
+            "longctx.data prepare --config <your config>` where there is network access)"
+        )
 
 
 def load_corpus(spec: CorpusSpec) -> TokenizedCorpus:
@@ -329,20 +378,19 @@ def ensure_member(spec: CorpusSpec, name: str) -> Path:
     url = spec.url(archive.url, archive.filename)
     if not spec.download:
         expected = ", ".join(m.name for m in archive.members)
-        no_root = f" (data.root {spec.root} does not exist)" if not spec.root.exists() else ""
         raise DataError(
-            f"{spec.name}: {name} is missing from {folder}{no_root} and downloads are off (data.download: "
+            f"{spec.name}: {name} is missing from {folder} and downloads are off (data.download: "
             f"false). Fetch the corpus with `python -m longctx.data prepare --config <your config>` (or "
             f"`python -m longctx.data prepare {spec.name} --root {spec.root}`) where there is network "
             f"access, or put its files ({expected}; plain or .gz) in {folder} (from {url})"
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    zip_path = folder / archive.filename
-    if not zip_path.is_file():
-        fetch(url, zip_path, checksum=archive.checksum, size=archive.size, what=spec.name)
-    else:
-        verify(zip_path, archive.checksum, size=archive.size, what=spec.name)
-    extract_members(archive, zip_path, folder, spec.name)
+    with created_dirs(folder):  # removed again (with a missing root) if the download fails
+        zip_path = folder / archive.filename
+        if not zip_path.is_file():
+            fetch(url, zip_path, checksum=archive.checksum, size=archive.size, what=spec.name)
+        else:
+            verify(zip_path, archive.checksum, size=archive.size, what=spec.name)
+        extract_members(archive, zip_path, folder, spec.name)
     zip_path.unlink()  # every member is extracted and verified
     return folder / name
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import lightning.pytorch as pl
+import platformdirs
 import torch
 
 from longctx.data.cache import (
@@ -42,8 +43,9 @@ class LMDataModule(pl.LightningDataModule):
             (docs/data.md).
         root: directory of the raw files (downloaded there if missing and `download`); may be
             read-only. Default: `$LONGCTX_DATA` or `~/.cache/longctx`.
-        cache_dir: where token caches are written. Default: `<root>/cache` if `root` is writable,
-            else `~/.cache/longctx/cache`.
+        cache_dir: the folder token caches are written to (one sub-folder per corpus, data root and
+            tokenizer; never inside `root`). Default: `$LONGCTX_CACHE`, else `longctx/tokens` in the
+            user's cache folder (`$XDG_CACHE_HOME` or `~/.cache` on Linux).
         download: allow network downloads; False fails with a message naming the expected files.
         split_sources: which corpus split feeds each split, e.g. `{train: valid, valid: test,
             test: test}` for smoke runs on a folder that has no train split.
@@ -124,7 +126,7 @@ class LMDataModule(pl.LightningDataModule):
         self.spec = CorpusSpec(
             name=corpus,
             root=root_path,
-            cache_dir=Path(cache_dir).expanduser() if cache_dir else default_cache_dir(root_path),
+            cache_dir=Path(cache_dir).expanduser() if cache_dir else default_cache_dir(),
             download=download,
             split_sources=dict(split_sources) if split_sources else None,
             tokenizer=tokenizer,
@@ -246,8 +248,10 @@ def check_overlap(name: str, overlap: int, window: int) -> None:
         )
 
 
-def default_cache_dir(root: Path) -> Path:
-    """`<root>/cache` when `root` is writable, else a user cache (root may be a read-only mount)."""
-    if os.access(root, os.W_OK) or (not root.exists() and os.access(root.parent, os.W_OK)):
-        return root / "cache"
-    return Path.home() / ".cache" / "longctx" / "cache"
+def default_cache_dir() -> Path:
+    """Where token caches go unless `data.cache_dir` says: `$LONGCTX_CACHE`, else `longctx/tokens` in
+    the user's cache folder (platformdirs: `$XDG_CACHE_HOME` or `~/.cache` on Linux). Never the data
+    root: it may be a read-only or shared mount, and a run writes only where its user said."""
+    if cache := os.environ.get("LONGCTX_CACHE"):
+        return Path(cache).expanduser()
+    return platformdirs.user_cache_path("longctx") / "tokens"

@@ -21,7 +21,7 @@ from typing import IO
 
 from tqdm.auto import tqdm
 
-from longctx.atomic import umask_mode
+from longctx.atomic import created_dirs, umask_mode
 from longctx.data.corpora import Archive, Checksum, Member
 
 CHUNK = 1 << 20
@@ -62,15 +62,16 @@ def verify(path: Path, checksum: Checksum | None, *, size: int | None = None, wh
 
 @contextmanager
 def atomic_path(dest: Path):
-    """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f"{dest.name}.part-{os.getpid()}")
-    try:
-        yield tmp
-        os.chmod(tmp, umask_mode())  # the mode a plain open() gives, not a temporary file's
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds (a
+    parent folder created for it is removed again if it fails)."""
+    with created_dirs(dest.parent):
+        tmp = dest.with_name(f"{dest.name}.part-{os.getpid()}")
+        try:
+            yield tmp
+            os.chmod(tmp, umask_mode())  # the mode a plain open() gives, not a temporary file's
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def fetch(

@@ -11,25 +11,40 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from longctx.atomic import atomic_path, created_dirs, umask_mode
 from longctx.methods.recurrence.module import HF_CONFIG_KEY
 from longctx.methods.recurrence.network import RECURRENCE_IMPLEMENTATIONS
 
 
 def save_lm(lm: PreTrainedModel, out_dir: str | Path) -> Path:
-    """`save_pretrained` with the stock attention named in the config (loaders choose their own)."""
+    """`save_pretrained` with the stock attention named in the config (loaders choose their own).
+
+    The files are written into a temporary folder, given the umask's mode (safetensors writes its
+    weights 0600, which teammates cannot read) and moved into `out_dir`: a failed save leaves neither
+    a partial model nor a new folder.
+    """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    lm.set_attn_implementation("sdpa")
-    try:
-        lm.save_pretrained(out)
-    finally:
-        lm.set_attn_implementation(RECURRENCE_IMPLEMENTATIONS["sdpa"])
+    with created_dirs(out):
+        staging = Path(tempfile.mkdtemp(dir=out, prefix=".export-"))
+        try:
+            lm.set_attn_implementation("sdpa")
+            try:
+                lm.save_pretrained(staging)
+            finally:
+                lm.set_attn_implementation(RECURRENCE_IMPLEMENTATIONS["sdpa"])
+            for file in sorted(staging.iterdir()):
+                os.chmod(file, umask_mode())
+                os.replace(file, out / file.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
@@ -64,7 +79,7 @@ def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
         if not found:
             raise FileNotFoundError(f"no {' or '.join(names)} (or .gz) in {src}")
         path, opener = found[0]
-        with opener(path, "rb") as f_in, open(out / target, "wb") as f_out:
+        with opener(path, "rb") as f_in, atomic_path(out / target) as tmp, open(tmp, "wb") as f_out:
             shutil.copyfileobj(f_in, f_out)
 
 
