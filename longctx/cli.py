@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import warnings
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +51,7 @@ from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.models.base import LMBase
+from longctx.run_lock import RunDirectoryBusy, lock_if_launching
 
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
 # `--ckpt_path` values Lightning resolves itself; anything else is a file.
@@ -178,6 +180,8 @@ class ReportInitErrors(_InstantiatorFn):
 class LongCtxCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.init_error: Exception | None = None
+        # The command line, recorded in summary.json (the sweep runner skips a line only if it matches).
+        self.command = [str(arg) for arg in sys.argv[1:]] if kwargs.get("args") is None else kwargs["args"]
         kwargs.setdefault("save_config_callback", LoggedConfigCallback)
         # A requeued run writes into its own run directory again.
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -193,8 +197,14 @@ class LongCtxCLI(LightningCLI):
         return {**commands, "evaluate_overlaps": {"model", "datamodule"}}
 
     def _run_subcommand(self, subcommand: str) -> None:
-        with recorded(self.trainer, subcommand):  # summary.json in the run directory, whatever happens
-            super()._run_subcommand(subcommand)
+        with ExitStack() as stack:
+            try:  # one live command per run directory (longctx.run_lock)
+                stack.enter_context(lock_if_launching(self.trainer.default_root_dir))
+            except RunDirectoryBusy as err:
+                raise ConfigError(str(err)) from None
+            # summary.json in the run directory, whatever happens
+            with recorded(self.trainer, subcommand, command=self.command):
+                super()._run_subcommand(subcommand)
 
     def _parse_ckpt_path(self) -> None:
         """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters
