@@ -37,19 +37,23 @@ def test_a_second_live_run_is_refused_naming_the_first_and_a_killed_one_leaves_n
         with pytest.raises(RunDirectoryBusy) as refused, run_directory_lock(run_dir):
             pass
         message = str(refused.value)
-        assert message.startswith(f"run directory {run_dir} is in use by another live run (pid {holder.pid} on ")
-        assert f"-c {run_dir} --lr 0.1)" in message and "another --run_name" in message and "\n" not in message
+        assert message.startswith(f"run directory {run_dir} is in use by another live run (pid {holder.pid} ")
+        assert f"-c {run_dir} --lr 0.1)" in message and "another --run_name" in message
+        assert "\n" not in message
     finally:
         holder.send_signal(signal.SIGKILL)  # as a crash, a scancel or a requeue would end it
         holder.wait()
     with run_directory_lock(run_dir):  # the kernel dropped the dead process's lock
-        assert (run_dir / ".lock").read_text().startswith('{"pid": %d,' % os.getpid())
+        assert (run_dir / ".lock").read_text().startswith(f'{{"pid": {os.getpid()},')
 
 
 def test_a_lock_held_in_this_process_is_refused_and_released_after_the_block(tmp_path):
-    with run_directory_lock(tmp_path), pytest.raises(RunDirectoryBusy, match=f"pid {os.getpid()} on "):
-        with run_directory_lock(tmp_path):
-            pass
+    with (
+        run_directory_lock(tmp_path),
+        pytest.raises(RunDirectoryBusy, match=f"pid {os.getpid()} on "),
+        run_directory_lock(tmp_path),
+    ):
+        pass
     with run_directory_lock(tmp_path):
         pass
 
