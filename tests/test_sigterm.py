@@ -1,4 +1,5 @@
-"""SIGTERM during `fit` (a scheduler's kill, `kill PID`): a checkpoint, exit code 143, exact resume.
+"""SIGTERM during `fit` (a scheduler's kill, `kill PID`): a checkpoint, exit code 143, exact resume;
+Ctrl-C (SIGINT): the same checkpoint, exit code 130.
 
 Each run is the real CLI in a subprocess whose stdout goes to a file, as on a cluster. A callback
 sends the process SIGTERM after a given step, as an outside `kill` would between two steps.
@@ -45,6 +46,9 @@ def _fit(tmp_path: Path, run_name: str, *extra: str) -> tuple[subprocess.Complet
             stdout=out,
             stderr=subprocess.PIPE,
             text=True,
+            # Python turns Ctrl-C into KeyboardInterrupt only if SIGINT was not ignored at its start (it
+            # is in a background job of a non-interactive shell, such as a CI runner's).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     return result, log.read_text()
 
@@ -88,3 +92,24 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(tmp_path):
     # as after any checkpoint: see LMBase, so the weights are compared at epoch ends in test_resume).
     assert _records(tmp_path / "run") == _records(tmp_path / "straight")
     assert [r["step"] for r in _records(tmp_path / "run")] == list(range(12))
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_at_a_step_boundary_and_exits_130(tmp_path):
+    stopped, log = _fit(
+        tmp_path,
+        "run",
+        "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep",
+        "--trainer.callbacks.step=5",
+        "--trainer.callbacks.signal_name=SIGINT",
+    )
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    checkpoint = tmp_path / "runs" / "run" / "checkpoints" / "last.ckpt"
+    assert "longctx: Ctrl-C: stopping after this step to save last.ckpt" in stopped.stderr
+    assert f"Ctrl-C at step 5: saved {checkpoint}; resume with --ckpt_path last" in stopped.stderr
+    assert "KeyboardInterrupt" not in stopped.stderr + log
+    assert torch.load(checkpoint, weights_only=False)["global_step"] == 5
+    summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["global_step"]) == ("interrupted", 5)
+    resumed, log = _fit(tmp_path, "run", "--ckpt_path", "last", "--trainer.max_steps", "7")
+    assert resumed.returncode == 0 and "fit finished at step 7" in log, resumed.stderr[-3000:]
