@@ -48,6 +48,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from longctx.callbacks import CheckpointOnSigterm, ProgressLog, RunRecord, recorded
 from longctx.checkpoint_fit import check_checkpoint_fits
+from longctx.checkpoint_io import DiskFullError, use_atomic_checkpoints
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.models.base import LMBase
@@ -230,6 +231,11 @@ class LongCtxCLI(LightningCLI):
                 raise self.init_error from self.init_error.__cause__
             raise
 
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        use_atomic_checkpoints(trainer.strategy)  # never a partial checkpoint under its final name
+        return trainer
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.add_lightning_class_args(ProgressLog, "progress")  # a callback of every run, configurable
@@ -379,5 +385,5 @@ def main(args: list[str] | None = None) -> LongCtxCLI:
         )
     try:
         return LongCtxCLI(args=args, parser_kwargs=PARSER_KWARGS)
-    except ConfigError as err:
+    except (ConfigError, DiskFullError) as err:
         sys.exit(f"error: {err}")
