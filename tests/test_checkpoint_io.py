@@ -91,7 +91,8 @@ def test_disk_full_during_a_fit_is_one_line_and_the_run_is_marked_failed(tmp_pat
         )  # fmt: skip
     run_dir = Path("runs/full")
     message = str(exit_info.value.code)
-    assert message.startswith("error: disk full writing checkpoint ") and str(run_dir / "checkpoints") in message
+    assert message.startswith("error: disk full writing checkpoint ")
+    assert str(run_dir / "checkpoints") in message
     assert "\n" not in message and "Traceback" not in capsys.readouterr().err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"].startswith("DiskFullError: disk full writing")
