@@ -96,4 +96,5 @@ def test_disk_full_during_a_fit_is_one_line_and_the_run_is_marked_failed(tmp_pat
     assert "\n" not in message and "Traceback" not in capsys.readouterr().err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"].startswith("DiskFullError: disk full writing")
+    assert summary["commands"]["fit"][:2] == ["fit", "--config"]  # what the sweep runner compares
     assert not list((run_dir / "checkpoints").glob("*"))  # no partial checkpoint, no temporary file
