@@ -76,6 +76,12 @@ def run_name_from_env() -> str:
     `LONGCTX_RUN_NAME` wins; else the SLURM array job and task ids (or the job id); else a
     timestamp with the process id.
     """
+    return stable_run_name_from_env() or time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def stable_run_name_from_env() -> str | None:
+    """`LONGCTX_RUN_NAME`, else the SLURM array job and task ids (or the job id), else None: the
+    names a restarted command gets again."""
     if name := os.environ.get("LONGCTX_RUN_NAME"):
         return name
     if (array_job := os.environ.get("SLURM_ARRAY_JOB_ID")) and (
@@ -84,7 +90,7 @@ def run_name_from_env() -> str:
         return f"slurm-{array_job}_{task}"
     if job := os.environ.get("SLURM_JOB_ID"):
         return f"slurm-{job}"
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    return None
 
 
 def wandb_credentials_present() -> bool:
@@ -258,6 +264,12 @@ class LongCtxCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and ckpt_path not in SPECIAL_CKPT_PATHS and not Path(ckpt_path).is_file():
             raise ConfigError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        if ckpt_path == "last" and not (config.get("run_name") or stable_run_name_from_env()):
+            raise ConfigError(
+                "--ckpt_path last resumes the run of the same name, but this command names none (no "
+                "--run_name, no $LONGCTX_RUN_NAME, no SLURM job id), so it would get a new timestamped "
+                "folder with nothing to resume: add --run_name NAME, the run to resume (runs/NAME)"
+            )
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         run_name = config.get("run_name") or run_name_from_env()
         config.run_name = run_name
