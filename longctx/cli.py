@@ -47,6 +47,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from longctx.callbacks import CheckpointOnSigterm, ProgressLog, RunRecord, recorded
+from longctx.callbacks.sigterm import SIGINT_EXIT_CODE
 from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.checkpoint_io import DiskFullError, use_atomic_checkpoints
 from longctx.data.datamodule import LMDataModule
@@ -211,7 +212,12 @@ class LongCtxCLI(LightningCLI):
                 raise ConfigError(str(err)) from None
             # summary.json in the run directory, whatever happens
             with recorded(self.trainer, subcommand, command=self.command):
-                super()._run_subcommand(subcommand)
+                try:
+                    super()._run_subcommand(subcommand)
+                except SystemExit as stop:  # Lightning ends a loop stopped by Ctrl-C with exit code 1
+                    if stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt):
+                        raise SystemExit(SIGINT_EXIT_CODE) from stop.__context__
+                    raise
 
     def _parse_ckpt_path(self) -> None:
         """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters

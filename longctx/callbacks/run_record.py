@@ -180,7 +180,11 @@ class RunRecord(pl.Callback):
             **current,
             "statuses": {**previous.get("statuses", {}), subcommand: status},
             "commands": {**previous.get("commands", {}), subcommand: command},
-            "metrics": {**previous.get("metrics", {}), **eval_metrics(trainer)},
+            # evaluate_overlaps keeps each overlap's figures under `overlaps`, not as the run's metrics
+            "metrics": {
+                **previous.get("metrics", {}),
+                **(eval_metrics(trainer) if subcommand != "evaluate_overlaps" else {}),
+            },
         }
         write_json_atomic(path, summary)
 
