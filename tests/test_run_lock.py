@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -73,3 +75,17 @@ def test_a_lock_held_in_this_process_is_refused_and_released_after_the_block(tmp
 )
 def test_only_the_launching_rank_locks_the_run_directory(environ, locks):
     assert holds_run_locks(environ) is locks
+
+
+def test_a_filesystem_without_locks_says_so_in_one_line_and_runs(tmp_path, monkeypatch, capsys):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with run_directory_lock(tmp_path / "run"):
+        ran = True
+    assert ran
+    assert capsys.readouterr().err == (
+        f"longctx: cannot lock {tmp_path / 'run' / '.lock'} (No locks available): nothing stops a second "
+        "run with this name from writing into the same folder\n"
+    )
