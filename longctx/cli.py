@@ -27,7 +27,6 @@ import subprocess
 import sys
 import time
 import warnings
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,7 +46,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from longctx.callbacks import CheckpointOnSigterm, ProgressLog, RunRecord, recorded
-from longctx.callbacks.sigterm import SIGINT_EXIT_CODE
+from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.checkpoint_io import DiskFullError, use_atomic_checkpoints
 from longctx.data.datamodule import LMDataModule
@@ -205,19 +204,13 @@ class LongCtxCLI(LightningCLI):
         return {**commands, "evaluate_overlaps": {"model", "datamodule"}}
 
     def _run_subcommand(self, subcommand: str) -> None:
-        with ExitStack() as stack:
-            try:  # one live command per run directory (longctx.run_lock)
-                stack.enter_context(lock_if_launching(self.trainer.default_root_dir))
-            except RunDirectoryBusy as err:
-                raise ConfigError(str(err)) from None
-            # summary.json in the run directory, whatever happens
-            with recorded(self.trainer, subcommand, command=self.command):
-                try:
-                    super()._run_subcommand(subcommand)
-                except SystemExit as stop:  # Lightning ends a loop stopped by Ctrl-C with exit code 1
-                    if stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt):
-                        raise SystemExit(SIGINT_EXIT_CODE) from stop.__context__
-                    raise
+        # One live command per run directory; summary.json in it, whatever happens; Ctrl-C exits 130.
+        with (
+            lock_if_launching(self.trainer.default_root_dir),
+            recorded(self.trainer, subcommand, command=self.command),
+            ctrl_c_exit_code(),
+        ):
+            super()._run_subcommand(subcommand)
 
     def _parse_ckpt_path(self) -> None:
         """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters
@@ -403,5 +396,5 @@ def main(args: list[str] | None = None) -> LongCtxCLI:
         )
     try:
         return LongCtxCLI(args=args, parser_kwargs=PARSER_KWARGS)
-    except (ConfigError, DiskFullError) as err:
+    except (ConfigError, DiskFullError, RunDirectoryBusy) as err:
         sys.exit(f"error: {err}")

@@ -88,7 +88,7 @@ def test_overlaps_are_kept_as_they_finish_and_a_rerun_skips_them(tmp_path, monke
     main(overlaps_args(tmp_path, "[0,8,16]", "--trainer.limit_test_batches", "1"))  # other settings
     assert "finished earlier" not in capsys.readouterr().err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert [row["test/tokens"] for row in summary["overlaps"]] == [2 * 32.0] * 3  # one batch of 2 windows each
+    assert [row["test/tokens"] for row in summary["overlaps"]] == [2 * 32.0] * 3  # 1 batch, 2 windows
 
 
 def kept_rows(table: list[dict[str, str]]) -> list[dict[str, float]]:

@@ -8,10 +8,11 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
 - `summary.json`, written (atomically) when a subcommand ends:
   `status` ("finished" | "failed" | "interrupted": SIGTERM or Ctrl-C), `subcommand`, `method` (class
   path), `parameters`, `metrics` (every `val/*` and `test/*`: loss, bpc/ppl, word_ppl, bpb,
-  flops_per_token, ...; none from `evaluate_overlaps`, whose per-overlap figures are under `overlaps`:
-  see `longctx.methods.recurrence.overlap_record`), `train_tokens`, `train_tokens_per_s` (training time only, validation left
-  out), `peak_memory_bytes` with `peak_memory_kind` (`cuda_max_allocated` on a GPU, else the
-  process's `peak_rss`), `wall_time_s`, `global_step`, `error` (one line, or null), and `time`.
+  flops_per_token, ...; none from `evaluate_overlaps`, whose per-overlap figures are under
+  `overlaps`: see `longctx.methods.recurrence.overlap_record`), `train_tokens`, `train_tokens_per_s`
+  (training time only, validation left out), `peak_memory_bytes` with `peak_memory_kind`
+  (`cuda_max_allocated` on a GPU, else the process's `peak_rss`), `wall_time_s`, `global_step`,
+  `error` (one line, or null), and `time`.
   A later subcommand in the same directory (e.g. `test` after `fit`) keeps the earlier metrics it
   does not recompute and the training figures when it did not train; `status` and `subcommand` are
   always the latest's, and `statuses` holds the last status of each subcommand run there

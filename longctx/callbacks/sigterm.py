@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -96,3 +98,16 @@ def sigterm_checkpoint_path(trainer: pl.Trainer) -> str:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             return os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION)
     return os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+
+
+@contextmanager
+def ctrl_c_exit_code() -> Iterator[None]:
+    """Exit with 130 (128 + SIGINT, a shell's code for Ctrl-C) where Lightning ends a loop stopped by
+    Ctrl-C with `sys.exit(1)` (validate, test, evaluate_overlaps, or a `fit` that ignores SIGINT's
+    first handler)."""
+    try:
+        yield
+    except SystemExit as stop:
+        if stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt):
+            raise SystemExit(SIGINT_EXIT_CODE) from stop.__context__
+        raise
