@@ -39,8 +39,12 @@ class DiskFullError(OSError):
         return str(self.strerror)  # the line itself, without OSError's "[Errno 28] "
 
 
-def megabytes(size: int) -> str:
-    return f"{size / 1e6:,.1f} MB"
+def readable_size(size: int) -> str:
+    """`size` bytes in GB, MB or kB (one decimal), or in bytes."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} bytes"
 
 
 def disk_full(path: Path, size: int) -> DiskFullError:
@@ -49,9 +53,9 @@ def disk_full(path: Path, size: int) -> DiskFullError:
     free = shutil.disk_usage(folder).free
     return DiskFullError(
         errno.ENOSPC,
-        f"disk full writing checkpoint {path}: it needs {megabytes(size)}, {megabytes(free)} free there "
-        "(or a quota is reached); nothing was written under that name. Free some space, or put the run "
-        "on a larger disk (--trainer.default_root_dir, or the ModelCheckpoint's dirpath)",
+        f"disk full writing checkpoint {path}: it needs {readable_size(size)}, {readable_size(free)} "
+        "free there (or a quota is reached); nothing was written under that name. Free some space, or "
+        "put the run on a larger disk (--trainer.default_root_dir, or the ModelCheckpoint's dirpath)",
     )
 
 
