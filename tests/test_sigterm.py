@@ -53,21 +53,29 @@ def _fit(tmp_path: Path, run_name: str, *extra: str) -> tuple[subprocess.Complet
     return result, log.read_text()
 
 
+def _signal_after_step_5(
+    tmp_path: Path, signum: signal.Signals
+) -> tuple[subprocess.CompletedProcess, str, Path]:
+    """A fit of run `run` that gets `signum` after step 5: (result, log, where last.ckpt must be);
+    the exit code is 128 + the signal's number."""
+    stopped, log = _fit(
+        tmp_path,
+        "run",
+        "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep",
+        "--trainer.callbacks.step=5",
+        f"--trainer.callbacks.signal_name={signum.name}",
+    )
+    assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
+    return stopped, log, tmp_path / "runs" / "run" / "checkpoints" / "last.ckpt"
+
+
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in (path / "rank0.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(tmp_path):
-    stopped, log = _fit(
-        tmp_path,
-        "run",
-        "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep",
-        "--trainer.callbacks.step=5",
-        "--trainer.callbacks.signal_name=SIGTERM",
-    )
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
-    checkpoint = tmp_path / "runs" / "run" / "checkpoints" / "last.ckpt"
+    stopped, log, checkpoint = _signal_after_step_5(tmp_path, signal.SIGTERM)
     assert f"SIGTERM at step 5: saved {checkpoint}" in stopped.stderr
     assert torch.load(checkpoint, weights_only=False)["global_step"] == 5
     # The log file: progress lines up to the signal, then the closing summary.
@@ -96,15 +104,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_at_a_step_boundary_and_exits_130(tmp_path):
-    stopped, log = _fit(
-        tmp_path,
-        "run",
-        "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep",
-        "--trainer.callbacks.step=5",
-        "--trainer.callbacks.signal_name=SIGINT",
-    )
-    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
-    checkpoint = tmp_path / "runs" / "run" / "checkpoints" / "last.ckpt"
+    stopped, log, checkpoint = _signal_after_step_5(tmp_path, signal.SIGINT)
     assert "longctx: Ctrl-C: stopping after this step to save last.ckpt" in stopped.stderr
     assert f"Ctrl-C at step 5: saved {checkpoint}; resume with --ckpt_path last" in stopped.stderr
     assert "KeyboardInterrupt" not in stopped.stderr + log

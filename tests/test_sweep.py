@@ -124,10 +124,16 @@ def calls_of(tmp_path: Path) -> list[list[str]]:
     return [json.loads(line) for line in lines]
 
 
-def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A stand-in for `python -m longctx` (FAKE_LONGCTX), run from `tmp_path`."""
     monkeypatch.chdir(tmp_path)
     fake = tmp_path / "fake_longctx.py"
     fake.write_text(FAKE_LONGCTX)
+    return [sys.executable, str(fake)]
+
+
+def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_path, launcher, capsys):
     sweep = tmp_path / "grid.txt"
     sweep.write_text(
         textwrap.dedent(
@@ -155,7 +161,6 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
     )
     record(tmp_path / "runs/fit_then_test", "finished", "fit --config a.yaml --run_name fit_then_test")
     record(tmp_path / "runs/fit_then_test", "finished", "test --config a.yaml --run_name fit_then_test")
-    launcher = [sys.executable, str(fake)]
 
     assert run_sweep(sweep, launcher) == 1  # the --fail line
     unnamed = line_name(sweep, ["fit", "--config", "a.yaml", "--model.init_args.lr", "0.1"])
@@ -176,12 +181,8 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
     assert calls_of(tmp_path) == [["test", "--config", "a.yaml", "--run_name=broken", "--fail"]]
 
 
-def test_runner_finds_lines_by_content_not_position(tmp_path, monkeypatch, capsys):
+def test_runner_finds_lines_by_content_not_position(tmp_path, launcher, capsys):
     """Inserting, moving or editing lines never makes a line skip with another command's results."""
-    monkeypatch.chdir(tmp_path)
-    fake = tmp_path / "fake_longctx.py"
-    fake.write_text(FAKE_LONGCTX)
-    launcher = [sys.executable, str(fake)]
     sweep = tmp_path / "lr.txt"
     sweep.write_text("fit --config a.yaml --lr 0.07\nfit --config a.yaml --lr 0.03\n")
     assert run_sweep(sweep, launcher) == 0 and len(calls_of(tmp_path)) == 2
@@ -205,10 +206,7 @@ def test_runner_finds_lines_by_content_not_position(tmp_path, monkeypatch, capsy
     assert "[2/3] " in capsys.readouterr().out
 
 
-def test_a_named_line_whose_folder_holds_another_command_is_refused(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    fake = tmp_path / "fake_longctx.py"
-    fake.write_text(FAKE_LONGCTX)
+def test_a_named_line_whose_folder_holds_another_command_is_refused(tmp_path, launcher, capsys):
     sweep = tmp_path / "named.txt"
     sweep.write_text(
         "fit --config a.yaml --lr 0.01 --run_name edited\n"
@@ -217,7 +215,7 @@ def test_a_named_line_whose_folder_holds_another_command_is_refused(tmp_path, mo
     )
     record(tmp_path / "runs/edited", "finished", "fit --config a.yaml --lr 0.07 --run_name edited")
     record(tmp_path / "runs/old", "finished", None)  # written before commands were recorded
-    assert run_sweep(sweep, [sys.executable, str(fake)]) == 2
+    assert run_sweep(sweep, launcher) == 2
     assert calls_of(tmp_path) == [["test", "--config", "a.yaml", "--run_name", "edited"]]
     out = capsys.readouterr().out
     edited = Path("runs/edited")
