@@ -113,3 +113,24 @@ def test_ctrl_c_saves_a_checkpoint_at_a_step_boundary_and_exits_130(tmp_path):
     assert (summary["status"], summary["global_step"]) == ("interrupted", 5)
     resumed, log = _fit(tmp_path, "run", "--ckpt_path", "last", "--trainer.max_steps", "7")
     assert resumed.returncode == 0 and "fit finished at step 7" in log, resumed.stderr[-3000:]
+
+
+def test_ctrl_c_is_taken_over_only_during_fit_and_never_where_it_was_ignored():
+    from longctx.callbacks.sigterm import CheckpointOnSigterm
+
+    callback = CheckpointOnSigterm()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # nohup, a script's background job
+    try:
+        callback.setup(None, None, "fit")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        callback.setup(None, None, "validate")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        callback.setup(None, None, "fit")
+        assert signal.getsignal(signal.SIGINT) == callback._on_sigint
+        with pytest.raises(KeyboardInterrupt):  # outside Lightning's run: Python's own Ctrl-C
+            callback._on_sigint(signal.SIGINT, None)
+        callback.teardown(None, None, "fit")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

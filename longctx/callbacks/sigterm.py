@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -49,21 +50,21 @@ class CheckpointOnSigterm(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.ctrl_c = False
         previous = signal.getsignal(signal.SIGINT)
-        if stage == "fit" and previous is not signal.SIG_IGN:
+        in_main_thread = threading.current_thread() is threading.main_thread()  # signal.signal's rule
+        if stage == "fit" and previous is not signal.SIG_IGN and in_main_thread:
             self._previous_sigint = previous
             signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         """Ctrl-C: stop at the next step boundary through Lightning's SIGTERM handler (installed
         while `fit` runs), which also forwards the signal to the ranks Lightning launched."""
+        stop = signal.getsignal(signal.SIGTERM)
+        if not callable(stop):  # outside Lightning's run (its handlers are not installed)
+            signal.default_int_handler(signum, frame)  # Python's own Ctrl-C: KeyboardInterrupt
         if not self.ctrl_c:
             os.write(2, b"longctx: Ctrl-C: stopping after this step to save last.ckpt\n")
         self.ctrl_c = True
-        stop = signal.getsignal(signal.SIGTERM)
-        if callable(stop):
-            stop(signum, frame)
-        else:  # outside Lightning's run (its handlers are not installed): Python's own Ctrl-C
-            signal.default_int_handler(signum, frame)
+        stop(signum, frame)
 
     def _restore_sigint(self) -> None:
         if self._previous_sigint is not None:
