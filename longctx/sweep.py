@@ -159,9 +159,10 @@ def finished(run_dir: Path, args: list[str]) -> bool:
 
 def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
     """Run each line of a sweep file in turn (a fresh `python -m longctx` per line), skipping the
-    finished ones; a failed line does not stop the others. Returns the number of failed lines."""
+    finished ones; a failed line does not stop the others. Returns the number of lines that failed or
+    were not run (their folder holds another command's results)."""
     runs = [task_arguments(path, i) for i in range(len(run_lines(path)))]
-    failed = []
+    failed, refused = [], []
     for index, line in enumerate(runs):
         args, run_dir = local_run(path, line)
         head = f"[{index + 1}/{len(runs)}] {run_dir}"
@@ -170,7 +171,7 @@ def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
             continue
         if (recorded := other_command(run_dir, args)) is not None:
             print(f"{head}: not run: {refusal(run_dir, args, recorded)}", flush=True)
-            failed.append(index)
+            refused.append(index)
             continue
         print(f"{head}: python -m longctx {shlex.join(args)}", flush=True)
         start = time.perf_counter()
@@ -180,15 +181,16 @@ def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
         if code != 0:
             failed.append(index)
     print(
-        f"sweep {path}: {len(runs) - len(failed)} of {len(runs)} runs finished"
+        f"sweep {path}: {len(runs) - len(failed) - len(refused)} of {len(runs)} runs finished"
         + (
             f"; failed: lines {', '.join(map(str, failed))} (rerun the same command to retry them)"
             if failed
             else ""
-        ),
+        )
+        + (f"; not run: lines {', '.join(map(str, refused))} (see above)" if refused else ""),
         flush=True,
     )
-    return len(failed)
+    return len(failed) + len(refused)
 
 
 def parse_sweeps(paths: list[Path]) -> dict[str, Any]:

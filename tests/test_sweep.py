@@ -224,7 +224,7 @@ def test_a_named_line_whose_folder_holds_another_command_is_refused(tmp_path, la
         f"--run_name edited); give this line its own --run_name, or remove {edited} to run it there"
     ) in out
     assert f"{Path('runs/old')} holds the fit of another command (a command it did not record)" in out
-    assert "failed: lines 0, 1" in out
+    assert "1 of 3 runs finished; not run: lines 0, 1 (see above)" in out
 
 
 def test_a_slurm_task_whose_line_changed_since_it_ran_is_refused(tmp_path, monkeypatch, capsys):
