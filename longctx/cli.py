@@ -56,11 +56,14 @@ from longctx.callbacks import (
     StopOnDivergence,
     recorded,
 )
+from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoint_fit import check_checkpoint_fits
+from longctx.checkpoint_io import DiskFullError, use_atomic_checkpoints
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.models.base import LMBase
+from longctx.run_lock import RunDirectoryBusy, lock_if_launching
 
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
 # `--ckpt_path` values Lightning resolves itself; anything else is a file.
@@ -84,6 +87,12 @@ def run_name_from_env() -> str:
     `LONGCTX_RUN_NAME` wins; else the SLURM array job and task ids (or the job id); else a
     timestamp with the process id.
     """
+    return stable_run_name_from_env() or time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def stable_run_name_from_env() -> str | None:
+    """`LONGCTX_RUN_NAME`, else the SLURM array job and task ids (or the job id), else None: the
+    names a restarted command gets again."""
     if name := os.environ.get("LONGCTX_RUN_NAME"):
         return name
     if (array_job := os.environ.get("SLURM_ARRAY_JOB_ID")) and (
@@ -92,7 +101,7 @@ def run_name_from_env() -> str:
         return f"slurm-{array_job}_{task}"
     if job := os.environ.get("SLURM_JOB_ID"):
         return f"slurm-{job}"
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    return None
 
 
 def wandb_credentials_present() -> bool:
@@ -226,6 +235,8 @@ class ReportInitErrors(_InstantiatorFn):
 class LongCtxCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.init_error: Exception | None = None
+        # The command line, recorded in summary.json (the sweep runner skips a line only if it matches).
+        self.command = [str(arg) for arg in sys.argv[1:]] if kwargs.get("args") is None else kwargs["args"]
         kwargs.setdefault("save_config_callback", LoggedConfigCallback)
         # A requeued run writes into its own run directory again.
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
@@ -242,7 +253,12 @@ class LongCtxCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         self._add_token_nll_writer(subcommand)
-        with recorded(self.trainer, subcommand):  # summary.json in the run directory, whatever happens
+        # One live command per run directory; summary.json in it, whatever happens; Ctrl-C exits 130.
+        with (
+            lock_if_launching(self.trainer.default_root_dir),
+            recorded(self.trainer, subcommand, command=self.command),
+            ctrl_c_exit_code(),
+        ):
             super()._run_subcommand(subcommand)
 
     def _add_token_nll_writer(self, subcommand: str) -> None:
@@ -280,6 +296,11 @@ class LongCtxCLI(LightningCLI):
                 raise self.init_error from self.init_error.__cause__
             raise
 
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        use_atomic_checkpoints(trainer.strategy)  # never a partial checkpoint under its final name
+        return trainer
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.add_lightning_class_args(ProgressLog, "progress")  # a callback of every run, configurable
@@ -310,6 +331,12 @@ class LongCtxCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and ckpt_path not in SPECIAL_CKPT_PATHS and not Path(ckpt_path).is_file():
             raise ConfigError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        if ckpt_path == "last" and not (config.get("run_name") or stable_run_name_from_env()):
+            raise ConfigError(
+                "--ckpt_path last resumes the run of the same name, but this command names none (no "
+                "--run_name, no $LONGCTX_RUN_NAME, no SLURM job id), so it would get a new timestamped "
+                "folder with nothing to resume: add --run_name NAME, the run to resume (runs/NAME)"
+            )
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         run_name = config.get("run_name") or run_name_from_env()
         config.run_name = run_name
@@ -439,7 +466,7 @@ def main(args: list[str] | None = None) -> LongCtxCLI:
         )
     try:
         return LongCtxCLI(args=args, parser_kwargs=PARSER_KWARGS)
-    except ConfigError as err:
+    except (ConfigError, DiskFullError, RunDirectoryBusy) as err:
         sys.exit(f"error: {err}")
     except DivergenceError as err:  # summary.json already says "diverged"
         say(str(err))

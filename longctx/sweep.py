@@ -13,15 +13,24 @@ fit, validate, test or evaluate_overlaps.
 
 Under SLURM the run directory and W&B run id come from `SLURM_ARRAY_JOB_ID`/`SLURM_ARRAY_TASK_ID`
 unless the line names its run (see `longctx.cli.run_name_from_env`). `run` gives a line without
-`--run_name` the stable name `<file stem>/<index>` and skips a line whose run directory
-(`<trainer.default_root_dir>/<run_name>`, the root taken from the line, else `runs`) holds a
-`summary.json` saying this subcommand finished, so an interrupted sweep restarts where it stopped.
+`--run_name` a name made from its content, `<file stem>/<subcommand>-<hash of the line>`, so a line
+keeps its folder when lines are inserted, removed or reordered, and an edited line gets a fresh one.
+
+A line is identified by its command, never by its position: `summary.json` records the command line
+of each subcommand run in a directory (`commands`, see `longctx.callbacks.run_record`). `run` skips a
+line only when its run directory (`<trainer.default_root_dir>/<run_name>`, the root taken from the
+line, else `runs`) records this very line as finished, so an interrupted sweep restarts where it
+stopped; a directory that records another command for the line's subcommand (a named line that was
+edited, or two lines with one `--run_name`) is refused, not reused, as is a SLURM task whose line
+changed since the task first ran (a requeue re-reads the file): results of two commands never share
+a folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import shlex
@@ -36,6 +45,8 @@ SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.sub
 DEFAULT_ROOT = "runs"  # the CLI's run root when trainer.default_root_dir is not set
 SUMMARY = "summary.json"  # written by longctx.callbacks.run_record at the end of every subcommand
 LONGCTX = (sys.executable, "-m", "longctx")
+# Flags that slurm/sweep.sbatch appends to a line (the job's resources): the same line on any cluster.
+LAUNCH_FLAGS = ("--trainer.devices", "--trainer.num_nodes")
 
 
 def run_lines(path: Path) -> list[list[str]]:
@@ -78,36 +89,89 @@ def option(args: list[str], name: str) -> str | None:
     return value
 
 
-def local_run(path: Path, index: int, args: list[str]) -> tuple[list[str], Path]:
-    """A line's arguments with a run name (`<file stem>/<index>` unless it has one) and its run
-    directory."""
+def line_name(path: Path, args: list[str]) -> str:
+    """The run name of a line without `--run_name`: the file stem, the subcommand and a hash of the
+    line's arguments (quoting, spacing and comments do not change it; any argument does)."""
+    digest = hashlib.sha256(shlex.join(args).encode()).hexdigest()[:8]
+    return f"{path.stem}/{args[0]}-{digest}"
+
+
+def local_run(path: Path, args: list[str]) -> tuple[list[str], Path]:
+    """A line's arguments with a run name (`line_name` unless it has one) and its run directory."""
     if option(args, "--run_name") is None:
-        args = [*args, "--run_name", f"{path.stem}/{index}"]
+        args = [*args, "--run_name", line_name(path, args)]
+    return args, run_directory(args)
+
+
+def run_directory(args: list[str], run_name: str | None = None) -> Path:
+    """`<trainer.default_root_dir>/<run_name>` of a command line (the root `runs` unless it says)."""
     root = option(args, "--trainer.default_root_dir") or DEFAULT_ROOT
-    return args, Path(root) / option(args, "--run_name")
+    return Path(root) / (option(args, "--run_name") or run_name or "")
 
 
-def finished(run_dir: Path, subcommand: str) -> bool:
-    """Whether the run directory's summary says `subcommand`'s last run there ran to its end (its
-    `statuses` keeps each subcommand's, so a `fit` line and a `test` line may share a directory)."""
+def read_summary(run_dir: Path) -> dict[str, Any]:
     try:
-        summary = json.loads((run_dir / SUMMARY).read_text())
+        return json.loads((run_dir / SUMMARY).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def same_command(recorded: list[str] | None, args: list[str]) -> bool:
+    """Whether a recorded command line is `args`, up to the resource flags sweep.sbatch appends."""
+    if recorded is None or recorded[: len(args)] != args:
         return False
+    extra = recorded[len(args) :]
+    return len(extra) % 2 == 0 and all(flag in LAUNCH_FLAGS for flag in extra[::2])
+
+
+def recorded_run(run_dir: Path, subcommand: str) -> tuple[str | None, list[str] | None]:
+    """(status, command line) of the last `subcommand` run in `run_dir`; None for what is not there
+    (its `statuses` and `commands` keep each subcommand's, so a `fit` line and a `test` line may
+    share a directory)."""
+    summary = read_summary(run_dir)
     latest = {summary.get("subcommand"): summary.get("status")}
-    return {**latest, **summary.get("statuses", {})}.get(subcommand) == "finished"
+    status = {**latest, **summary.get("statuses", {})}.get(subcommand)
+    return status, summary.get("commands", {}).get(subcommand)
+
+
+def other_command(run_dir: Path, args: list[str]) -> str | None:
+    """The command line of another command that ran `args`'s subcommand in `run_dir` (or a note that
+    it was not recorded), or None when there is none."""
+    status, recorded = recorded_run(run_dir, args[0])
+    if status is None or same_command(recorded, args):
+        return None
+    return "a command it did not record" if recorded is None else shlex.join(recorded)
+
+
+def refusal(run_dir: Path, args: list[str], recorded: str) -> str:
+    """The line for a run directory that holds another command's results."""
+    return (
+        f"{run_dir} holds the {args[0]} of another command ({recorded}); give this line its own "
+        f"--run_name, or remove {run_dir} to run it there"
+    )
+
+
+def finished(run_dir: Path, args: list[str]) -> bool:
+    """Whether the run directory records this command line (`args`) as finished."""
+    status, recorded = recorded_run(run_dir, args[0])
+    return status == "finished" and same_command(recorded, args)
 
 
 def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
     """Run each line of a sweep file in turn (a fresh `python -m longctx` per line), skipping the
-    finished ones; a failed line does not stop the others. Returns the number of failed lines."""
+    finished ones; a failed line does not stop the others. Returns the number of lines that failed or
+    were not run (their folder holds another command's results)."""
     runs = [task_arguments(path, i) for i in range(len(run_lines(path)))]
-    failed = []
+    failed, refused = [], []
     for index, line in enumerate(runs):
-        args, run_dir = local_run(path, index, line)
+        args, run_dir = local_run(path, line)
         head = f"[{index + 1}/{len(runs)}] {run_dir}"
-        if finished(run_dir, args[0]):
+        if finished(run_dir, args):
             print(f"{head}: finished earlier, skipped", flush=True)
+            continue
+        if (recorded := other_command(run_dir, args)) is not None:
+            print(f"{head}: not run: {refusal(run_dir, args, recorded)}", flush=True)
+            refused.append(index)
             continue
         print(f"{head}: python -m longctx {shlex.join(args)}", flush=True)
         start = time.perf_counter()
@@ -117,15 +181,16 @@ def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
         if code != 0:
             failed.append(index)
     print(
-        f"sweep {path}: {len(runs) - len(failed)} of {len(runs)} runs finished"
+        f"sweep {path}: {len(runs) - len(failed) - len(refused)} of {len(runs)} runs finished"
         + (
             f"; failed: lines {', '.join(map(str, failed))} (rerun the same command to retry them)"
             if failed
             else ""
-        ),
+        )
+        + (f"; not run: lines {', '.join(map(str, refused))} (see above)" if refused else ""),
         flush=True,
     )
-    return len(failed)
+    return len(failed) + len(refused)
 
 
 def parse_sweeps(paths: list[Path]) -> dict[str, Any]:
@@ -153,6 +218,16 @@ def parse_sweeps(paths: list[Path]) -> dict[str, Any]:
 def check_sweeps(paths: list[Path]) -> dict[str, str]:
     """`{"file:run i": error line}` for the runs of the sweep files that the CLI's parser refuses."""
     return {where: result for where, result in parse_sweeps(paths).items() if isinstance(result, str)}
+
+
+def task_run_directory(args: list[str]) -> Path:
+    """The run directory of a SLURM task's line: its `--run_name`, else the name the CLI derives
+    from the SLURM ids (stable across requeues of the task)."""
+    if option(args, "--run_name") is not None:
+        return run_directory(args)
+    from longctx.cli import run_name_from_env  # imports torch: only for lines without a name
+
+    return run_directory(args, run_name_from_env())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
         run = task_arguments(args.sweep_file, args.task_id)
     except ValueError as err:
         sys.exit(f"error: {err}")
+    if (recorded := other_command(task_run_directory(run), run)) is not None:
+        sys.exit(f"error: task {args.task_id}: {refusal(task_run_directory(run), run, recorded)}")
     sys.stdout.write("\0".join(run) + "\0")
 
 

@@ -290,3 +290,31 @@ def test_predict_is_not_offered(tmp_path):
         main(["predict", *quick_args(tmp_path)[1:]])
     assert str(exit_info.value.code).startswith("error: predict is not offered: ")
     assert "predict" not in LongCtxCLI.subcommands()
+
+
+def test_a_second_live_run_with_the_same_name_is_refused_in_one_line(tmp_path):
+    """Another live command in runs/quick (here: this process holds its lock) leaves it untouched."""
+    from longctx.run_lock import run_directory_lock
+
+    with run_directory_lock(Path("runs/quick")), pytest.raises(SystemExit) as exit_info:
+        main(quick_args(tmp_path))
+    message = str(exit_info.value.code)
+    assert message.startswith(
+        f"error: run directory {Path('runs/quick')} is in use by another live run (pid {os.getpid()} on "
+    )
+    assert "give this run another --run_name" in message and "\n" not in message
+    assert sorted(p.name for p in Path("runs/quick").iterdir()) == [".lock"]  # no summary, no config
+
+
+def test_ckpt_path_last_without_a_stable_run_name_says_why_it_cannot_resume(tmp_path):
+    """No --run_name, no LONGCTX_RUN_NAME, no SLURM ids: a timestamped folder, never one to resume."""
+    args = quick_args(tmp_path, "--ckpt_path", "last")
+    del args[args.index("--run_name") : args.index("--run_name") + 2]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == (
+        "error: --ckpt_path last resumes the run of the same name, but this command names none (no "
+        "--run_name, no $LONGCTX_RUN_NAME, no SLURM job id), so it would get a new timestamped folder "
+        "with nothing to resume: add --run_name NAME, the run to resume (runs/NAME)"
+    )
+    assert not Path("runs").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from longctx.data.corpora import get_corpus
-from longctx.sweep import SUBCOMMANDS, parse_sweeps, run_lines, run_sweep, task_arguments
+from longctx.sweep import SUBCOMMANDS, line_name, main, parse_sweeps, run_lines, run_sweep, task_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "slurm" / "sweeps").glob("*.txt"))
@@ -92,27 +93,54 @@ if "--fail" in args:
     sys.exit(3)
 run_dir = pathlib.Path("runs") / args[args.index("--run_name") + 1]
 run_dir.mkdir(parents=True, exist_ok=True)
-(run_dir / "summary.json").write_text(json.dumps({"status": "finished", "subcommand": args[0]}))
+path = run_dir / "summary.json"
+summary = json.loads(path.read_text()) if path.exists() else {}
+summary.update(status="finished", subcommand=args[0])
+summary.setdefault("statuses", {})[args[0]] = "finished"
+summary.setdefault("commands", {})[args[0]] = args
+path.write_text(json.dumps(summary))
 """
 
 
-def write_summary(run_dir: Path, status: str, subcommand: str, **statuses: str) -> None:
-    run_dir.mkdir(parents=True)
-    summary = {"status": status, "subcommand": subcommand, "statuses": {**statuses, subcommand: status}}
-    (run_dir / "summary.json").write_text(json.dumps(summary))
+def record(run_dir: Path, status: str, command: str | None) -> None:
+    """Add a subcommand's run to `run_dir/summary.json` as the CLI's RunRecord does (`command` None:
+    a summary written before commands were recorded)."""
+    args = shlex.split(command) if command else None
+    subcommand = args[0] if args else "fit"
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary.update(status=status, subcommand=subcommand)
+    summary.setdefault("statuses", {})[subcommand] = status
+    if args:
+        summary.setdefault("commands", {})[subcommand] = args
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary))
 
 
-def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_path, monkeypatch, capsys):
+def calls_of(tmp_path: Path) -> list[list[str]]:
+    calls = tmp_path / "calls.jsonl"
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    calls.unlink(missing_ok=True)
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture
+def launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A stand-in for `python -m longctx` (FAKE_LONGCTX), run from `tmp_path`."""
     monkeypatch.chdir(tmp_path)
     fake = tmp_path / "fake_longctx.py"
     fake.write_text(FAKE_LONGCTX)
+    return [sys.executable, str(fake)]
+
+
+def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_path, launcher, capsys):
     sweep = tmp_path / "grid.txt"
     sweep.write_text(
         textwrap.dedent(
             """\
             # finished earlier: skipped
             fit --config a.yaml --run_name done
-            # unnamed: runs as grid/1
+            # unnamed: runs under a name made from its content
             fit --config a.yaml --model.init_args.lr 0.1
             test --config a.yaml --run_name=broken --fail
             # fit finished in this directory, but this line is a test: it runs
@@ -124,16 +152,21 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
             """
         )
     )
-    write_summary(tmp_path / "runs/done", "finished", "fit")
-    write_summary(tmp_path / "runs/done_fit", "finished", "fit")
-    write_summary(tmp_path / "runs/retry", "failed", "validate")
-    write_summary(tmp_path / "runs/fit_then_test", "finished", "test", fit="finished")
-    launcher = [sys.executable, str(fake)]
+    record(tmp_path / "runs/done", "finished", "fit --config a.yaml --run_name done")
+    record(tmp_path / "runs/done_fit", "finished", "fit --config a.yaml --run_name done_fit")
+    record(
+        tmp_path / "runs/retry",
+        "failed",
+        "validate --config a.yaml --run_name retry --trainer.default_root_dir runs",
+    )
+    record(tmp_path / "runs/fit_then_test", "finished", "fit --config a.yaml --run_name fit_then_test")
+    record(tmp_path / "runs/fit_then_test", "finished", "test --config a.yaml --run_name fit_then_test")
 
     assert run_sweep(sweep, launcher) == 1  # the --fail line
-    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-    assert calls == [
-        ["fit", "--config", "a.yaml", "--model.init_args.lr", "0.1", "--run_name", "grid/1"],
+    unnamed = line_name(sweep, ["fit", "--config", "a.yaml", "--model.init_args.lr", "0.1"])
+    assert unnamed.startswith("grid/fit-") and len(unnamed) == len("grid/fit-") + 8
+    assert calls_of(tmp_path) == [
+        ["fit", "--config", "a.yaml", "--model.init_args.lr", "0.1", "--run_name", unnamed],
         ["test", "--config", "a.yaml", "--run_name=broken", "--fail"],
         ["test", "--config", "a.yaml", "--run_name", "done_fit"],
         ["validate", "--config", "a.yaml", "--run_name", "retry", "--trainer.default_root_dir", "runs"],
@@ -144,10 +177,79 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
     assert f"[5/6] {Path('runs/fit_then_test')}: finished earlier, skipped" in out
     assert "sweep" in out and "5 of 6 runs finished; failed: lines 2" in out
 
-    (tmp_path / "calls.jsonl").unlink()
     assert run_sweep(sweep, launcher) == 1  # restarted: only the failed line runs again
-    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-    assert calls == [["test", "--config", "a.yaml", "--run_name=broken", "--fail"]]
+    assert calls_of(tmp_path) == [["test", "--config", "a.yaml", "--run_name=broken", "--fail"]]
+
+
+def test_runner_finds_lines_by_content_not_position(tmp_path, launcher, capsys):
+    """Inserting, moving or editing lines never makes a line skip with another command's results."""
+    sweep = tmp_path / "lr.txt"
+    sweep.write_text("fit --config a.yaml --lr 0.07\nfit --config a.yaml --lr 0.03\n")
+    assert run_sweep(sweep, launcher) == 0 and len(calls_of(tmp_path)) == 2
+
+    # A line inserted first, the others moved down, one edited: the new and the edited lines run (in
+    # folders of their own), the moved one is found and skipped.
+    sweep.write_text(
+        "fit --config a.yaml --lr 0.01\n"
+        "fit --config a.yaml  --lr 0.07  # moved\n"
+        "fit --config a.yaml --lr 0.3\n"
+    )
+    assert run_sweep(sweep, launcher) == 0
+    calls = calls_of(tmp_path)
+    assert [call[:4] for call in calls] == [["fit", "--config", "a.yaml", "--lr"]] * 2
+    assert [call[4] for call in calls] == ["0.01", "0.3"]
+    folders = sorted(p.parent.name for p in (tmp_path / "runs/lr").glob("*/summary.json"))
+    assert len(folders) == 4  # 0.07, 0.03 (kept, whole), 0.01, 0.3
+    for folder in folders:  # every folder holds the one command named after it
+        summary = json.loads((tmp_path / "runs/lr" / folder / "summary.json").read_text())
+        assert f"lr/{folder}" == summary["commands"]["fit"][-1]
+    assert "[2/3] " in capsys.readouterr().out
+
+
+def test_a_named_line_whose_folder_holds_another_command_is_refused(tmp_path, launcher, capsys):
+    sweep = tmp_path / "named.txt"
+    sweep.write_text(
+        "fit --config a.yaml --lr 0.01 --run_name edited\n"
+        "fit --config a.yaml --run_name old\n"
+        "test --config a.yaml --run_name edited\n"
+    )
+    record(tmp_path / "runs/edited", "finished", "fit --config a.yaml --lr 0.07 --run_name edited")
+    record(tmp_path / "runs/old", "finished", None)  # written before commands were recorded
+    assert run_sweep(sweep, launcher) == 2
+    assert calls_of(tmp_path) == [["test", "--config", "a.yaml", "--run_name", "edited"]]
+    out = capsys.readouterr().out
+    edited = Path("runs/edited")
+    assert (
+        f"[1/3] {edited}: not run: {edited} holds the fit of another command (fit --config a.yaml --lr 0.07 "
+        f"--run_name edited); give this line its own --run_name, or remove {edited} to run it there"
+    ) in out
+    assert f"{Path('runs/old')} holds the fit of another command (a command it did not record)" in out
+    assert "1 of 3 runs finished; not run: lines 0, 1 (see above)" in out
+
+
+def test_a_slurm_task_whose_line_changed_since_it_ran_is_refused(tmp_path, monkeypatch, capsys):
+    """A requeued array task re-reads its line: an edited line must not resume another command's
+    checkpoint in that task's folder; the same line (plus sweep.sbatch's resource flags) goes on."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "500")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    monkeypatch.delenv("LONGCTX_RUN_NAME", raising=False)
+    sweep = tmp_path / "s.txt"
+    sweep.write_text("fit --config a.yaml --lr 0.1\n")
+    record(
+        tmp_path / "runs/slurm-500_0",
+        "interrupted",
+        "fit --config a.yaml --lr 0.1 --trainer.devices 4 --trainer.num_nodes 1",
+    )
+    main([str(sweep), "0"])
+    assert capsys.readouterr().out.split("\0") == ["fit", "--config", "a.yaml", "--lr", "0.1", ""]
+    sweep.write_text("fit --config a.yaml --lr 0.2\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(sweep), "0"])
+    assert str(exit_info.value.code).startswith(
+        f"error: task 0: {Path('runs/slurm-500_0')} holds the fit of another command "
+        "(fit --config a.yaml --lr 0.1 "
+    )
 
 
 @pytest.mark.slow
@@ -161,14 +263,16 @@ def test_runner_runs_a_real_sweep_and_skips_it_when_restarted(tmp_path):
         "--trainer.logger false --trainer.enable_progress_bar false"
     )
     sweep.write_text(f"fit {quick} --run_name earlier\nfit {quick}\n")
-    write_summary(tmp_path / "runs/earlier", "finished", "fit")
+    record(tmp_path / "runs/earlier", "finished", f"fit {quick} --run_name earlier")
     env = {"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     command = [sys.executable, "-m", "longctx.sweep", "run", str(sweep)]
     first = subprocess.run(
         command, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True
     )
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
-    summary = json.loads((tmp_path / "runs/tiny/1/summary.json").read_text())
+    summary = json.loads(
+        (tmp_path / "runs" / line_name(sweep, shlex.split(f"fit {quick}")) / "summary.json").read_text()
+    )
     assert summary["status"] == "finished" and summary["global_step"] == 2
     again = subprocess.run(
         command, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True

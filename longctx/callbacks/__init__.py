@@ -5,7 +5,8 @@
   the `progress:` config section).
 - `StopOnDivergence`: a NaN, infinite or out-of-bound loss stops `fit` with `DivergenceError`
   (registered by the CLI: the `divergence:` config section).
-- `CheckpointOnSigterm`: SIGTERM during `fit` saves `last.ckpt` and exits 143 (registered by the CLI).
+- `CheckpointOnSigterm`: SIGTERM (Ctrl-C) during `fit` saves `last.ckpt` and exits 143 (130) (registered
+  by the CLI).
 - `RunRecord` (+ `recorded`): `summary.json` and `metrics.jsonl` in the run directory (registered by
   the CLI; read by `python -m longctx report` and the sweep runner).
 - `TokenNLLWriter` (`longctx.callbacks.token_nll`): `token_nll.npz`, every scored target's NLL

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -127,11 +128,12 @@ def closing_summary(trainer: pl.Trainer, headline: str) -> str:
     """One line: where the run ended, its best and last checkpoints, and where its files are."""
     parts = [f"{headline} at step {trainer.global_step}"]
     checkpoint = trainer.checkpoint_callback
-    if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_path:
+    # Only files that exist: a save that failed (a full disk) leaves its name in the callback.
+    if isinstance(checkpoint, ModelCheckpoint) and os.path.isfile(checkpoint.best_model_path):
         score, monitor = checkpoint.best_model_score, checkpoint.monitor
         metric = f" ({monitor} {float(score):.4f})" if monitor and score is not None else ""
         parts.append(f"best checkpoint {checkpoint.best_model_path}{metric}")
-    if isinstance(checkpoint, ModelCheckpoint) and checkpoint.last_model_path:
+    if isinstance(checkpoint, ModelCheckpoint) and os.path.isfile(checkpoint.last_model_path):
         parts.append(f"last checkpoint {checkpoint.last_model_path}")
     if len(parts) == 1:
         parts.append("no checkpoint saved")

@@ -8,14 +8,18 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
 - `summary.json`, written (atomically) when a subcommand ends:
   `status` ("finished" | "failed" | "interrupted": SIGTERM or Ctrl-C | "diverged": the loss went
   NaN, infinite or past the divergence bound, see `longctx.callbacks.divergence`), `subcommand`,
-  `method` (class path), `parameters`, `metrics` (every `val/*` and `test/*`: loss, bpc/ppl, word_ppl, bpb,
-  flops_per_token, ...), `train_tokens`, `train_tokens_per_s` (training time only, validation left
-  out), `peak_memory_bytes` with `peak_memory_kind` (`cuda_max_allocated` on a GPU, else the
-  process's `peak_rss`), `wall_time_s`, `global_step`, `error` (one line, or null), and `time`.
+  `method` (class path), `parameters`, `metrics` (every `val/*` and `test/*`: loss, bpc/ppl, word_ppl,
+  bpb, flops_per_token, ...; none from `evaluate_overlaps`, whose per-overlap figures are under
+  `overlaps`: see `longctx.methods.recurrence.overlap_record`), `train_tokens`, `train_tokens_per_s`
+  (training time only, validation left out), `peak_memory_bytes` with `peak_memory_kind`
+  (`cuda_max_allocated` on a GPU, else the process's `peak_rss`), `wall_time_s`, `global_step`,
+  `error` (one line, or null), and `time`.
   A later subcommand in the same directory (e.g. `test` after `fit`) keeps the earlier metrics it
   does not recompute and the training figures when it did not train; `status` and `subcommand` are
   always the latest's, and `statuses` holds the last status of each subcommand run there
-  (`{"fit": "finished", "test": "failed"}`).
+  (`{"fit": "finished", "test": "failed"}`) and `commands` the command line (`python -m longctx`
+  arguments) of each (`{"fit": ["fit", "--config", ...]}`): the sweep runner skips a line only when
+  the command recorded for its subcommand is the line.
 
 Training tokens are the scored targets of this rank's batches times the world size (every rank
 reads batches of one shape); they are kept in checkpoints, so a resumed run keeps counting.
@@ -137,9 +141,15 @@ class RunRecord(pl.Callback):
 
     # ------------------------------------------------------------------ summary
     def finish(
-        self, trainer: pl.Trainer, subcommand: str, error: BaseException | None, wall_time_s: float
+        self,
+        trainer: pl.Trainer,
+        subcommand: str,
+        error: BaseException | None,
+        wall_time_s: float,
+        command: list[str] | None = None,
     ) -> None:
-        """Write `summary.json` for a subcommand that ended (with `error` None when it finished)."""
+        """Write `summary.json` for a subcommand that ended (with `error` None when it finished);
+        `command` is its command line (`python -m longctx` arguments)."""
         tokens = self.tokens_seen()  # every rank: no collective inside, but keep ranks alike
         if not trainer.is_global_zero:
             return
@@ -175,14 +185,20 @@ class RunRecord(pl.Callback):
             **previous,
             **current,
             "statuses": {**previous.get("statuses", {}), subcommand: status},
-            "metrics": {**previous.get("metrics", {}), **eval_metrics(trainer)},
+            "commands": {**previous.get("commands", {}), subcommand: command},
+            # evaluate_overlaps keeps each overlap's figures under `overlaps`, not as the run's metrics
+            "metrics": {
+                **previous.get("metrics", {}),
+                **(eval_metrics(trainer) if subcommand != "evaluate_overlaps" else {}),
+            },
         }
         write_json_atomic(path, summary)
 
 
 @contextmanager
-def recorded(trainer: pl.Trainer, subcommand: str) -> Iterator[None]:
-    """Run a subcommand and write its `summary.json` whatever happens (the trainer's `RunRecord`)."""
+def recorded(trainer: pl.Trainer, subcommand: str, command: list[str] | None = None) -> Iterator[None]:
+    """Run a subcommand and write its `summary.json` whatever happens (the trainer's `RunRecord`);
+    `command`: its command line, recorded."""
     record = next((cb for cb in trainer.callbacks if isinstance(cb, RunRecord)), None)
     start = time.perf_counter()
     try:
@@ -190,9 +206,9 @@ def recorded(trainer: pl.Trainer, subcommand: str) -> Iterator[None]:
     except BaseException as error:
         if record is not None:
             try:
-                record.finish(trainer, subcommand, error, time.perf_counter() - start)
+                record.finish(trainer, subcommand, error, time.perf_counter() - start, command)
             except Exception as write_error:  # never hide the run's own error behind this one
                 print(f"longctx: could not write {SUMMARY}: {write_error}", file=sys.stderr)
         raise
     if record is not None:
-        record.finish(trainer, subcommand, None, time.perf_counter() - start)
+        record.finish(trainer, subcommand, None, time.perf_counter() - start, command)

@@ -6,11 +6,15 @@ prints and logs the table of every metric against o (`eval/overlaps`), and saves
 perplexity against o and against FLOPs per token (the paper's trade-off) as
 `<run dir>/overlaps_<split>.png` (also logged to W&B); with `--write_token_nll true` each overlap's
 per-token NLL goes to `<run dir>/token_nll_overlap{o}.npz`. The CLI's `evaluate_overlaps` subcommand
-(`python -m longctx evaluate_overlaps --config ... --ckpt_path ...`) calls it.
+(`python -m longctx evaluate_overlaps --config ... --ckpt_path ...`) calls it. Each finished overlap
+is written to the run folder at once (`overlaps_<split>.csv`, `summary.json`'s `overlaps`) with one
+progress line, and the same command again skips the finished ones (`overlap_record`).
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -21,6 +25,7 @@ from matplotlib.figure import Figure
 
 from longctx.callbacks.token_nll import set_token_nll_name
 from longctx.data.datamodule import LMDataModule
+from longctx.methods.recurrence.overlap_record import evaluated, finished_overlaps, save_overlaps
 
 
 def evaluate_overlaps(
@@ -35,15 +40,28 @@ def evaluate_overlaps(
     if datamodule.mode != "windows":
         raise ValueError("evaluate_overlaps needs data.mode: windows (a windowed GPT-2 config)")
     evaluate = trainer.test if split == "test" else trainer.validate
+    stage = "test" if split == "test" else "val"
+    run_dir = Path(trainer.default_root_dir)
+    source = evaluated(trainer, model, datamodule, ckpt_path, split)
+    done = finished_overlaps(run_dir, source)  # kept from an earlier run of this command
+    if trainer.is_global_zero:
+        save_overlaps(run_dir, split, source, [done[o] for o in overlaps if o in done])
     rows = []
-    for overlap in overlaps:
+    for i, overlap in enumerate(overlaps, start=1):
+        start = time.perf_counter()
+        if overlap in done:
+            rows.append(done[overlap])
+            say_overlap(trainer, i, len(overlaps), done[overlap], stage, "finished earlier, kept")
+            continue
         datamodule.set_eval_overlap(overlap)
         set_token_nll_name(trainer, f"token_nll_overlap{overlap}.npz")  # with --write_token_nll true
         metrics = evaluate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)[0]
         rows.append({"overlap": overlap, **{k: float(v) for k, v in metrics.items()}})
         ckpt_path = None  # weights are loaded once
+        if trainer.is_global_zero:
+            save_overlaps(run_dir, split, source, rows)
+        say_overlap(trainer, i, len(overlaps), rows[-1], stage, f"{time.perf_counter() - start:.1f} s")
     columns = sorted({key for row in rows for key in row} - {"overlap"})
-    stage = "test" if split == "test" else "val"
     figure_path = Path(trainer.default_root_dir) / f"overlaps_{split}.png"
     if trainer.is_global_zero:
         figure_path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +79,14 @@ def evaluate_overlaps(
     for row in rows:
         print(" ".join(f"{row.get(name, float('nan')):>18.6g}" for name in ["overlap", *columns]))
     return rows
+
+
+def say_overlap(trainer: pl.Trainer, i: int, n: int, row: dict[str, float], stage: str, note: str) -> None:
+    """One progress line per overlap (rank 0): which one of how many, its loss and perplexity."""
+    if trainer.is_global_zero:
+        names = [f"{stage}/{metric}" for metric in ("loss", "ppl", "bpc")]
+        figures = ", ".join(f"{name} {row[name]:.4g}" for name in names if name in row)
+        print(f"longctx: overlap {row['overlap']} ({i}/{n}): {figures} ({note})", file=sys.stderr, flush=True)
 
 
 def overlap_figure(rows: list[dict[str, float]], stage: str) -> Figure:
