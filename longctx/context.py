@@ -130,8 +130,7 @@ def build(args: argparse.Namespace, extra: list[str], run_dir: Path) -> list[Mod
             cli = LongCtxCLI(args=cli_args, parser_kwargs=PARSER_KWARGS, run=False)
         model, data = cli.model, cli.datamodule
         axis = axis_named(args.axis) if args.axis else default_axis(model, data)
-        lengths = sorted(set(args.lengths)) if args.lengths else axis.default_lengths(model, data)
-        axis.check(model, data, lengths)
+        lengths = axis.lengths_for(model, data, args.lengths)
         try:
             check_checkpoint_fits(ckpt_path, model, strict=model.strict_loading)
         except ValueError as err:

@@ -51,16 +51,19 @@ class Axis:
     set: Callable[[LMBase, LMDataModule, int], None]
     flags: Callable[[LMBase, LMDataModule, int], list[str]]
 
-    def check(self, model: LMBase, data: LMDataModule, lengths: list[int]) -> None:
-        """One-line errors for an axis the model cannot take or a length beyond its limits."""
+    def lengths_for(self, model: LMBase, data: LMDataModule, requested: list[int] | None) -> list[int]:
+        """The sorted lengths to evaluate (`requested`, else `default_lengths`); one-line errors for an
+        axis the model cannot take or a length beyond its limits."""
         if not self.applies(model, data):
             raise AxisError(f"--axis {self.name} does not apply to {type(model).__name__}: {self.why_not}")
+        lengths = sorted(set(requested)) if requested else self.default_lengths(model, data)
         low, high = self.limits(model, data)
         if bad := [length for length in lengths if not low <= length <= high]:
             raise AxisError(
                 f"--lengths {' '.join(map(str, bad))}: {type(model).__name__} takes {self.name} "
                 f"lengths from {low} to {high}"
             )
+        return lengths
 
     def default_lengths(self, model: LMBase, data: LMDataModule) -> list[int]:
         """Five evenly spaced lengths from the smallest accepted to the configured one."""
