@@ -39,7 +39,6 @@ import numpy as np
 
 from longctx.atomic import atomic_path, write_text_atomic
 from longctx.callbacks.token_nll import TokenNLLWriter
-from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.cli import PARSER_KWARGS, ConfigError, LongCtxCLI, ensure_wandb_mode, run_name_from_env
 from longctx.diagnostics import positions, recl
 from longctx.diagnostics.axes import Axis, AxisError, Variant, axis_named, default_axis, variants
@@ -63,6 +62,14 @@ class ModelRun:
     cli: LongCtxCLI
     axis: Axis
     lengths: list[int]
+
+
+class ValidateCLI(LongCtxCLI):
+    """`python -m longctx validate ...` parsed and built (run directory, model, data module, trainer)
+    but not run: the command evaluates the model itself, point by point."""
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Nothing: `sweep` runs the evaluations."""
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -121,20 +128,17 @@ def build(args: argparse.Namespace, extra: list[str], run_dir: Path) -> list[Mod
         if not Path(ckpt_path).is_file():
             raise ContextError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
         cli_args = [
-            "--config", config, *extra,
+            "validate", "--config", config, *extra, "--ckpt_path", ckpt_path,
             "--trainer.default_root_dir", str(run_dir), "--run_name", name,
             "--trainer.enable_progress_bar", "false",
         ]  # fmt: skip
         with warnings.catch_warnings():  # it warns that sys.argv (this command's) is not what it parses
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-            cli = LongCtxCLI(args=cli_args, parser_kwargs=PARSER_KWARGS, run=False)
+            cli = ValidateCLI(args=cli_args, parser_kwargs=PARSER_KWARGS)
         model, data = cli.model, cli.datamodule
         axis = axis_named(args.axis) if args.axis else default_axis(model, data)
         lengths = axis.lengths_for(model, data, args.lengths)
-        try:
-            check_checkpoint_fits(ckpt_path, model, strict=model.strict_loading)
-        except ValueError as err:
-            raise ContextError(str(err)) from err
+        cli.prepare_ckpt_path()  # the checkpoint's weights fit the model (as `validate` checks)
         runs.append(ModelRun(name, ckpt_path, cli, axis, lengths))
     return runs
 
@@ -171,6 +175,12 @@ def sweep(run: ModelRun, split: str) -> tuple[list[dict], dict[tuple[str, int], 
                 "tokens": int(metrics[f"{stage}/tokens"]),
                 "flags": " ".join(run.axis.flags(model, data, length) + variant.flags),
             })  # fmt: skip
+    if len({row["tokens"] for row in rows}) > 1:
+        say(
+            f"{run.name}: the points scored different numbers of targets (a limit_*_batches or a window "
+            "length that changes the batches): their losses are over different text; RECL compares the "
+            "targets all points scored"
+        )
     return rows, files
 
 
@@ -320,10 +330,10 @@ def run(argv: list[str]) -> Path:
 
 
 def print_summary(rows: list[dict], recls: list[dict]) -> None:
-    print(f"{'model':>28s} {'axis':>9s} {'context':>8s} {'loss':>9s} {'tokens':>9s}")
+    print(f"{'model':>36s} {'axis':>9s} {'context':>8s} {'loss':>9s} {'tokens':>9s}")
     for row in rows:
         length, loss, tokens = row["context_length"], row["loss"], row["tokens"]
-        print(f"{row['model']:>28s} {row['axis']:>9s} {length:>8d} {loss:>9.4f} {tokens:>9d}")
+        print(f"{row['model']:>36s} {row['axis']:>9s} {length:>8d} {loss:>9.4f} {tokens:>9d}")
     for row in recls:
         more = "+" if row["reached_end"] else ""
         print(f"RECL {row['model']} ({row['axis']}, r = {row['r']}): {row['recl']}{more}")
