@@ -14,10 +14,13 @@ import torch
 
 from longctx.cli import LongCtxCLI, main
 from longctx.context import main as context_main
+from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
 from longctx.diagnostics import positions
+from longctx.diagnostics.axes import AxisError, axis_named
 from longctx.diagnostics.recl import Gain, Recl, relative_effective_context_length, relative_gain
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.window_transformer.module import WindowTransformerLM
 from tests.lm_fixtures import TINY_METHODS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,3 +253,31 @@ def test_an_axis_or_length_the_model_cannot_take_is_one_line(tmp_path, monkeypat
         SystemExit, match=r"^error: --lengths -1: TransformerXLLM takes memory lengths from 0"
     ):
         context_main([*command, "--lengths", "-1", "16"])
+
+
+TINY = {
+    "window": lambda: WindowTransformerLM(
+        vocab_size=64, d_model=16, n_layers=1, n_heads=2, d_inner=32, max_len=16
+    ),
+    "span": lambda: TINY_METHODS["adaptive_span"][0](),  # S = 32
+    "trams": lambda: TINY_METHODS["transformer_xl"][0](trams_attended=8, trams_kept=4),  # pool 16
+    "gpt2": lambda: TINY_METHODS["recurrent_gpt2"][0](),  # n_positions 32
+}
+
+
+@pytest.mark.parametrize(
+    ("axis", "model", "mode", "length", "message"),
+    [
+        ("window", "window", "segments", 17, "window lengths from 1 to 16"),
+        ("span_cap", "span", "segments", 33, "span_cap lengths from 1 to 32"),
+        ("attended", "trams", "segments", 17, "attended lengths from 1 to 16"),
+        ("overlap", "gpt2", "windows", 16, "overlap lengths from 0 to 15"),
+        ("memory", "span", "segments", 8, "--axis memory does not apply to AdaptiveSpanLM"),
+    ],
+)
+def test_each_axis_refuses_lengths_beyond_the_model(tmp_path, axis, model, mode, length, message):
+    data = LMDataModule("sample", cache_dir=str(tmp_path), mode=mode, tgt_len=16)
+    with pytest.raises(AxisError, match=message):
+        axis_named(axis).lengths_for(TINY[model](), data, [length])
+    if "does not apply" not in message:
+        assert axis_named(axis).lengths_for(TINY[model](), data, [length - 1, 1]) == [1, length - 1]

@@ -40,13 +40,13 @@ class AxisError(ValueError):
 @dataclass(frozen=True)
 class Axis:
     """name: as in the CSV; applies: whether the model/data can take it (else `why_not`); limits:
-    (smallest, largest) context length accepted; set: applies a length in place; flags: the same
-    setting as `validate` flags."""
+    (smallest, largest or None: no limit) context length accepted; configured: the config's value;
+    set: applies a length in place; flags: the same setting as `validate` flags."""
 
     name: str
     applies: Callable[[LMBase, LMDataModule], bool]
     why_not: str
-    limits: Callable[[LMBase, LMDataModule], tuple[int, int]]
+    limits: Callable[[LMBase, LMDataModule], tuple[int, int | None]]
     configured: Callable[[LMBase, LMDataModule], int]
     set: Callable[[LMBase, LMDataModule, int], None]
     flags: Callable[[LMBase, LMDataModule, int], list[str]]
@@ -58,10 +58,11 @@ class Axis:
             raise AxisError(f"--axis {self.name} does not apply to {type(model).__name__}: {self.why_not}")
         lengths = sorted(set(requested)) if requested else self.default_lengths(model, data)
         low, high = self.limits(model, data)
-        if bad := [length for length in lengths if not low <= length <= high]:
+        if bad := [length for length in lengths if length < low or (high is not None and length > high)]:
+            accepted = f"from {low} to {high}" if high is not None else f">= {low}"
             raise AxisError(
-                f"--lengths {' '.join(map(str, bad))}: {type(model).__name__} takes {self.name} "
-                f"lengths from {low} to {high}"
+                f"--lengths {' '.join(map(str, bad))}: {type(model).__name__} takes {self.name} lengths "
+                f"{accepted}"
             )
         return lengths
 
@@ -96,10 +97,8 @@ def _max_positions(model: LMBase) -> int | None:
     return None
 
 
-def _window_limits(model: LMBase, data: LMDataModule) -> tuple[int, int]:
-    low = data.eval_overlap + 1 if data.mode == "windows" else 1
-    high = _max_positions(model)
-    return low, high if high is not None else 1 << 30
+def _window_limits(model: LMBase, data: LMDataModule) -> tuple[int, int | None]:
+    return (data.eval_overlap + 1 if data.mode == "windows" else 1), _max_positions(model)
 
 
 def _set_window(model: LMBase, data: LMDataModule, length: int) -> None:
@@ -110,7 +109,7 @@ MEMORY = Axis(
     "memory",
     applies=_xl_without_trams,
     why_not="it is the memory length of Transformer-XL and RPE (a TRAMS model sweeps `attended`)",
-    limits=lambda model, data: (0, 1 << 30),
+    limits=lambda model, data: (0, None),
     configured=lambda model, data: model.eval_mem_len,
     set=_set_memory,
     flags=lambda model, data, length: ["--model.init_args.eval_mem_len", str(length)],
