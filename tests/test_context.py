@@ -249,9 +249,7 @@ def test_an_axis_or_length_the_model_cannot_take_is_one_line(tmp_path, monkeypat
         SystemExit, match=r"^error: --axis span_cap does not apply to TransformerXLLM: it caps"
     ):
         context_main([*command, "--axis", "span_cap"])
-    with pytest.raises(
-        SystemExit, match=r"^error: --lengths -1: TransformerXLLM takes memory lengths >= 0$"
-    ):
+    with pytest.raises(SystemExit, match=r"^error: --lengths -1: TransformerXLLM takes memory lengths >= 0$"):
         context_main([*command, "--lengths", "-1", "16"])
 
 
@@ -281,3 +279,58 @@ def test_each_axis_refuses_lengths_beyond_the_model(tmp_path, axis, model, mode,
         axis_named(axis).lengths_for(TINY[model](), data, [length])
     if "does not apply" not in message:
         assert axis_named(axis).lengths_for(TINY[model](), data, [length - 1, 1]) == [1, length - 1]
+
+
+def write_config(path: Path, base: str, overrides: dict) -> str:
+    """A config file composed on a repo config (`config:`), with dotted overrides."""
+    lines = [f"config: {REPO / 'configs' / base}"] + [f"{key}: {value}" for key, value in overrides.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.slow
+def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monkeypatch):
+    """Adaptive span (span cap), TRAMS (attended m) and the recurrent GPT-2 (overlap, h_prev reset) in
+    one call: one line per model and variant, and each model's last point equals its `validate` run."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    tiny = {"model.init_args.n_layers": 1, "model.init_args.d_model": 16, "model.init_args.n_heads": 2,
+            "model.init_args.d_inner": 32}  # fmt: skip
+    configs = {
+        "span": write_config(tmp_path / "span.yaml", "adaptive_span_tiny.yaml", {
+            **tiny, "model.init_args.attn_span": 64, "model.init_args.span_init": 0.5,
+            "data.eval_tgt_len": 32}),
+        "trams": write_config(tmp_path / "trams.yaml", "transformer_xl_tiny.yaml", {
+            **tiny, "model.init_args.cutoffs": "[]", "model.init_args.init_std": 0.5,
+            "model.init_args.trams_attended": 16, "model.init_args.trams_kept": 12,
+            "model.init_args.trams_pool": 32, "model.init_args.protocol": "trams"}),
+        "gpt2": write_config(tmp_path / "gpt2.yaml", "recurrent_gpt2_tiny.yaml", {
+            "model.init_args.gpt2_config": "{n_layer: 3, n_embd: 16, n_head: 2, n_positions: 32}",
+            "model.init_args.insert_layer": 1, "data.tgt_len": 16, "data.eval_tgt_len": 16,
+            "data.tokenizer": "gpt2"}),
+    }  # fmt: skip
+    common = [
+        "--data.corpus", "sample", "--data.split_sources", "null",
+        "--data.cache_dir", str(tmp_path / "cache"), "--data.eval_batch_size", "2",
+        "--trainer.limit_val_batches", "2", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    command = []
+    for name, config in configs.items():
+        save_checkpoint(["--config", config, *common], tmp_path / f"{name}.ckpt")
+        command += ["--config", config, "--ckpt_path", f"{name}.ckpt", "--name", name]
+    context_main([*command, "--lengths", "4", "8", "--run_name", "ctx", *common])
+    rows = read_csv(tmp_path / "runs" / "ctx" / "context.csv")
+    assert [(row["model"], row["axis"], row["context_length"]) for row in rows] == [
+        ("span", "span_cap", "4"), ("span", "span_cap", "8"), ("trams", "attended", "4"),
+        ("trams", "attended", "8"), ("gpt2", "overlap", "4"), ("gpt2", "overlap", "8"),
+        ("gpt2 (h_prev reset)", "overlap", "4"), ("gpt2 (h_prev reset)", "overlap", "8"),
+    ]  # fmt: skip
+    assert rows[3]["flags"] == "--model.init_args.trams_attended 8 --model.init_args.trams_kept 6"
+    for row, name in [(rows[1], "span"), (rows[3], "trams"), (rows[7], "gpt2")]:
+        cli = main(["validate", "--config", configs[name], *common, *row["flags"].split(),
+                    "--ckpt_path", f"{name}.ckpt", "--run_name", f"validate_{name}"])  # fmt: skip
+        assert float(row["loss"]) == float(cli.trainer.callback_metrics["val/loss"]), name
+    assert rows[5]["loss"] != rows[7]["loss"]  # h_prev carried and reset differ
+    recl_models = {row["model"] for row in read_csv(tmp_path / "runs" / "ctx" / "recl.csv")}
+    assert recl_models == {"span", "trams", "gpt2", "gpt2 (h_prev reset)"}
