@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from longctx.atomic import atomic_path, write_text_atomic
 from longctx.callbacks.token_nll import TokenNLLWriter
@@ -135,6 +136,11 @@ def build(args: argparse.Namespace, extra: list[str], run_dir: Path) -> list[Mod
         with warnings.catch_warnings():  # it warns that sys.argv (this command's) is not what it parses
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
             cli = ValidateCLI(args=cli_args, parser_kwargs=PARSER_KWARGS)
+        if cli.trainer.world_size > 1:
+            raise ContextError(
+                f"{config}: the trainer runs {cli.trainer.world_size} processes; context evaluates in one "
+                "(add --trainer.devices 1 --trainer.num_nodes 1 --trainer.strategy auto)"
+            )
         model, data = cli.model, cli.datamodule
         axis = axis_named(args.axis) if args.axis else default_axis(model, data)
         lengths = axis.lengths_for(model, data, args.lengths)
@@ -144,7 +150,7 @@ def build(args: argparse.Namespace, extra: list[str], run_dir: Path) -> list[Mod
 
 
 def token_nll_name(axis: Axis, length: int, variant: Variant) -> str:
-    return f"token_nll_{axis.name}{length}{'_reset' if variant.suffix else ''}.npz"
+    return f"token_nll_{axis.name}{length}{variant.file_tag}.npz"
 
 
 def sweep(run: ModelRun, split: str) -> tuple[list[dict], dict[tuple[str, int], Path]]:
@@ -221,7 +227,8 @@ def recl_rows(
         if len(splits) > 1:
             say(f"RECL ({axis}): not computed, the models read different tokens (tokenizer or corpus)")
             continue
-        lengths = sorted(set.intersection(*({l for (m, l) in files if m == label} for label in labels)))
+        per_label = ({c for (model, c) in files if model == label} for label in labels)
+        lengths = sorted(set.intersection(*per_label))
         if len(lengths) < 2:
             say(f"RECL ({axis}): not computed, the models share fewer than two context lengths")
             continue
@@ -256,7 +263,7 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) ->
     write_text_atomic(path, buffer.getvalue())
 
 
-def save_figure(figure, path: Path) -> None:
+def save_figure(figure: Figure, path: Path) -> None:
     with atomic_path(path) as tmp:
         figure.savefig(tmp, dpi=120, format="png")
 

@@ -177,9 +177,11 @@ def axis_named(name: str) -> Axis:
 
 @dataclass(frozen=True)
 class Variant:
-    """A line of the figure for one checkpoint: a suffix of the model's name and its in-place setting."""
+    """A line of the figure for one checkpoint: a suffix of the model's name (and of its per-token
+    files' names), its in-place setting and the same setting as `validate` flags."""
 
     suffix: str
+    file_tag: str
     set: Callable[[LMBase], None]
     flags: list[str]
 
@@ -188,9 +190,9 @@ def variants(model: LMBase) -> list[Variant]:
     """The settings each point is evaluated under: h_prev carried and reset for a recurrent GPT-2."""
     if isinstance(model, RecurrentGPT2LM) and model.recurrence is not None:
         return [
-            Variant("", lambda m: setattr(m, "eval_h_prev", "carried"),
+            Variant("", "", lambda m: setattr(m, "eval_h_prev", "carried"),
                     ["--model.init_args.eval_h_prev", "carried"]),
-            Variant(" (h_prev reset)", lambda m: setattr(m, "eval_h_prev", "reset"),
+            Variant(" (h_prev reset)", "_reset", lambda m: setattr(m, "eval_h_prev", "reset"),
                     ["--model.init_args.eval_h_prev", "reset"]),
         ]  # fmt: skip
-    return [Variant("", lambda m: None, [])]
+    return [Variant("", "", lambda m: None, [])]
