@@ -251,6 +251,8 @@ def test_an_axis_or_length_the_model_cannot_take_is_one_line(tmp_path, monkeypat
         context_main([*command, "--axis", "span_cap"])
     with pytest.raises(SystemExit, match=r"^error: --lengths -1: TransformerXLLM takes memory lengths >= 0$"):
         context_main([*command, "--lengths", "-1", "16"])
+    with pytest.raises(SystemExit, match=r"the trainer runs 2 processes; context evaluates in one \(add"):
+        context_main([*command, "--trainer.devices", "2", "--trainer.strategy", "ddp"])
 
 
 TINY = {
