@@ -189,17 +189,24 @@ def save_checkpoint(flags: list[str], path: Path) -> None:
     torch.save({"state_dict": model.state_dict(), "pytorch-lightning_version": lightning.__version__}, path)
 
 
+@pytest.fixture
+def xl_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """In tmp_path: `xl.ckpt`, the tiny XL's initial weights; returns its flags (`tiny_xl_flags`)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    flags = tiny_xl_flags(tmp_path)
+    save_checkpoint(flags, tmp_path / "xl.ckpt")
+    return flags
+
+
 def read_csv(path: Path) -> list[dict[str, str]]:
     with path.open() as f:
         return list(csv.DictReader(f))
 
 
 @pytest.mark.slow
-def test_a_context_point_equals_the_validate_run_with_its_flags(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    flags = tiny_xl_flags(tmp_path)
-    save_checkpoint(flags, tmp_path / "xl.ckpt")
+def test_a_context_point_equals_the_validate_run_with_its_flags(tmp_path, xl_checkpoint):
+    flags = xl_checkpoint
     context_main(["--config", flags[1], "--ckpt_path", "xl.ckpt", "--name", "xl", "--lengths", "0", "16",
                   "--run_name", "ctx", *flags[2:]])  # fmt: skip
     run_dir = tmp_path / "runs" / "ctx"
@@ -239,11 +246,8 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_an_axis_or_length_the_model_cannot_take_is_one_line(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    flags = tiny_xl_flags(tmp_path)
-    save_checkpoint(flags, tmp_path / "xl.ckpt")
+def test_an_axis_or_length_the_model_cannot_take_is_one_line(xl_checkpoint):
+    flags = xl_checkpoint
     command = ["--config", flags[1], "--ckpt_path", "xl.ckpt", *flags[2:]]
     with pytest.raises(
         SystemExit, match=r"^error: --axis span_cap does not apply to TransformerXLLM: it caps"
