@@ -340,3 +340,12 @@ def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monke
     assert rows[5]["loss"] != rows[7]["loss"]  # h_prev carried and reset differ
     recl_models = {row["model"] for row in read_csv(tmp_path / "runs" / "ctx" / "recl.csv")}
     assert recl_models == {"span", "trams", "gpt2", "gpt2 (h_prev reset)"}
+
+
+def test_the_default_sweep_is_five_lengths_up_to_the_configured_one(tmp_path):
+    data = LMDataModule("sample", cache_dir=str(tmp_path), tgt_len=16)
+    assert axis_named("window").lengths_for(TINY["window"](), data, None) == [1, 5, 8, 12, 16]
+    trams = TINY["trams"]()  # m = 8 of a pool of 16
+    assert axis_named("attended").lengths_for(trams, data, None) == [1, 3, 4, 6, 8]
+    axis_named("attended").set(trams, data, 4)
+    assert (trams.trams.attended, trams.trams.kept) == (4, 2)  # the configured kept share, 4/8

@@ -16,7 +16,7 @@ an evaluation after `set(...)` is the `validate` run with `flags(...)` added to 
 TRAMS keeps the share of always-attended slots: at m the newest round(m·kept/attended) slots are kept
 (the configured trams_kept/trams_attended, e.g. 150/200) and the rest is selected from the pool.
 A recurrent GPT-2 is evaluated twice at every point, with h_prev carried and reset
-(`--model.init_args.eval_h_prev reset`): two lines of the figure (`VARIANTS`).
+(`--model.init_args.eval_h_prev reset`): two lines of the figure (`variants`).
 """
 
 from __future__ import annotations
@@ -40,14 +40,15 @@ class AxisError(ValueError):
 @dataclass(frozen=True)
 class Axis:
     """name: as in the CSV; applies: whether the model/data can take it (else `why_not`); limits:
-    (smallest, largest or None: no limit) context length accepted; configured: the config's value;
-    set: applies a length in place; flags: the same setting as `validate` flags."""
+    (smallest, largest or None: no limit) context length accepted; default_max: the longest length of
+    the default sweep (the configured value; for the overlap, half the window); set: applies a length
+    in place; flags: the same setting as `validate` flags."""
 
     name: str
     applies: Callable[[LMBase, LMDataModule], bool]
     why_not: str
     limits: Callable[[LMBase, LMDataModule], tuple[int, int | None]]
-    configured: Callable[[LMBase, LMDataModule], int]
+    default_max: Callable[[LMBase, LMDataModule], int]
     set: Callable[[LMBase, LMDataModule, int], None]
     flags: Callable[[LMBase, LMDataModule, int], list[str]]
 
@@ -67,9 +68,9 @@ class Axis:
         return lengths
 
     def default_lengths(self, model: LMBase, data: LMDataModule) -> list[int]:
-        """Five evenly spaced lengths from the smallest accepted to the configured one."""
-        low, configured = self.limits(model, data)[0], self.configured(model, data)
-        return sorted({round(low + (configured - low) * i / 4) for i in range(5)})
+        """Five evenly spaced lengths from the smallest accepted to `default_max`."""
+        low, high = self.limits(model, data)[0], self.default_max(model, data)
+        return sorted({round(low + (high - low) * i / 4) for i in range(5)})
 
 
 def _xl_without_trams(model: LMBase, data: LMDataModule) -> bool:
@@ -110,7 +111,7 @@ MEMORY = Axis(
     applies=_xl_without_trams,
     why_not="it is the memory length of Transformer-XL and RPE (a TRAMS model sweeps `attended`)",
     limits=lambda model, data: (0, None),
-    configured=lambda model, data: model.eval_mem_len,
+    default_max=lambda model, data: model.eval_mem_len,
     set=_set_memory,
     flags=lambda model, data, length: ["--model.init_args.eval_mem_len", str(length)],
 )
@@ -119,7 +120,7 @@ ATTENDED = Axis(
     applies=lambda model, data: isinstance(model, TransformerXLLM) and model.trams is not None,
     why_not="it is TRAMS's attended memory m (set model.init_args.trams_attended)",
     limits=lambda model, data: (1, model.eval_mem_len),
-    configured=lambda model, data: model.hparams.trams_attended,
+    default_max=lambda model, data: model.hparams.trams_attended,
     set=_set_attended,
     flags=lambda model, data, length: [
         "--model.init_args.trams_attended",
@@ -133,7 +134,7 @@ SPAN_CAP = Axis(
     applies=lambda model, data: isinstance(model, AdaptiveSpanLM),
     why_not="it caps the attended distance of adaptive-span models (eval_span_cap)",
     limits=lambda model, data: (1, model.hparams.attn_span),
-    configured=lambda model, data: model.hparams.attn_span,
+    default_max=lambda model, data: model.hparams.attn_span,
     set=lambda model, data, length: setattr(model, "eval_span_cap", length),
     flags=lambda model, data, length: ["--model.init_args.eval_span_cap", str(length)],
 )
@@ -142,7 +143,7 @@ WINDOW = Axis(
     applies=lambda model, data: True,
     why_not="",
     limits=_window_limits,
-    configured=lambda model, data: data.eval_tgt_len,
+    default_max=lambda model, data: data.eval_tgt_len,
     set=_set_window,
     flags=lambda model, data, length: ["--data.eval_tgt_len", str(length)],
 )
@@ -151,7 +152,7 @@ OVERLAP = Axis(
     applies=lambda model, data: data.mode == "windows",
     why_not="it is the overlap of consecutive windows (data.mode: windows, the GPT-2 models)",
     limits=lambda model, data: (0, data.eval_tgt_len - 1),
-    configured=lambda model, data: data.eval_tgt_len // 2,
+    default_max=lambda model, data: data.eval_tgt_len // 2,
     set=lambda model, data, length: data.set_eval_overlap(length),
     flags=lambda model, data, length: ["--data.eval_overlap", str(length)],
 )
