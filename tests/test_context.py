@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from longctx.cli import LongCtxCLI, main
+from longctx.context import log_to_wandb, save_figure
 from longctx.context import main as context_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
 from longctx.diagnostics import positions
 from longctx.diagnostics.axes import AxisError, axis_named
+from longctx.diagnostics.figures import context_figure
 from longctx.diagnostics.recl import Gain, Recl, relative_effective_context_length, relative_gain
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.window_transformer.module import WindowTransformerLM
@@ -349,3 +351,17 @@ def test_the_default_sweep_is_five_lengths_up_to_the_configured_one(tmp_path):
     assert axis_named("attended").lengths_for(trams, data, None) == [1, 3, 4, 6, 8]
     axis_named("attended").set(trams, data, 4)
     assert (trams.trams.attended, trams.trams.kept) == (4, 2)  # the configured kept share, 4/8
+
+
+@pytest.mark.slow
+def test_tables_and_figures_go_to_wandb_unless_disabled(tmp_path, monkeypatch):
+    figure = tmp_path / "context.png"
+    save_figure(context_figure([{"model": "m", "axis": "memory", "context_length": 0, "loss": 1.0}]), figure)
+    tables = {"losses": [{"model": "m", "context_length": 0, "loss": 1.0}]}
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    log_to_wandb(tmp_path, "ctx", "longctx-test", tables, [figure])
+    assert not (tmp_path / "wandb").exists()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    log_to_wandb(tmp_path, "ctx", "longctx-test", tables, [figure])
+    (run,) = (tmp_path / "wandb").glob("offline-run-*-ctx")
+    assert list(run.glob("*.wandb"))  # the run's records, to sync later
