@@ -1,6 +1,7 @@
 """`python -m longctx fit|validate|test --config configs/X.yaml`; `python -m longctx convert ...` turns a
 released checkpoint into a longctx one (`longctx.convert`); `python -m longctx report RUN_DIR...` tables
-and plots finished runs (`longctx.report`)."""
+and plots finished runs (`longctx.report`); `python -m longctx context --config C --ckpt_path P ...`
+sweeps the context a checkpoint may use (`longctx.context`)."""
 
 import sys
 
@@ -9,6 +10,10 @@ if __name__ == "__main__":
         from longctx.convert import main as convert_main
 
         convert_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["context"]:
+        from longctx.context import main as context_main
+
+        context_main(sys.argv[2:])
     elif sys.argv[1:2] == ["report"]:
         from longctx.report import main as report_main
 

@@ -106,6 +106,11 @@ def band_attention(
     return out.view(B, H, n * c, Dh)[:, :, :M]
 
 
+def cap_length(length: int, span_cap: int | None) -> int:
+    """An attended length trimmed to the evaluation cap on the attended distance (None: no cap)."""
+    return length if span_cap is None else min(length, span_cap)
+
+
 class SpanAttention(nn.Module):
     """Multi-head attention over the previous S positions with a fixed, adaptive or dynamic span.
 
@@ -161,24 +166,31 @@ class SpanAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
-    def head_groups(self) -> list[tuple[int, list[int]]]:
-        """Heads of an adaptive layer grouped by their own trimmed length L_h: (L_h, heads), longest first."""
+    def head_groups(self, span_cap: int | None = None) -> list[tuple[int, list[int]]]:
+        """Heads of an adaptive layer grouped by their own trimmed length L_h (at most `span_cap`):
+        (L_h, heads), longest first."""
         groups: dict[int, list[int]] = {}
         for head, length in enumerate(self.adaptive_mask.head_attended_lengths()):
-            groups.setdefault(length, []).append(head)
+            groups.setdefault(cap_length(length, span_cap), []).append(head)
         return sorted(groups.items(), reverse=True)
 
-    def forward(self, h: Tensor, h_cache: Tensor, key_pe: Tensor) -> tuple[Tensor, Tensor | None, int]:
+    def forward(
+        self, h: Tensor, h_cache: Tensor, key_pe: Tensor, span_cap: int | None = None
+    ) -> tuple[Tensor, Tensor | None, int]:
         """h: (B, M, d) block; h_cache: (B, C, d) previous hidden states; key_pe: (Dh, S).
 
+        span_cap: None, or the farthest distance any query may attend (an evaluation knob, see
+        `AdaptiveSpanLM.eval_span_cap`): the attended length is trimmed to it, so the span mask is
+        evaluated on distances 1..span_cap only (the mask times 1[x <= span_cap], then renormalised).
         Returns the output (B, M, d), the dynamic spans z_t (B, H, M) or None, and the attended length L
         (the layer's, i.e. its longest head's).
         """
         B, M, d = h.shape
         z_t = self.dynamic_span(h) if self.dynamic_span is not None else None
         L = self.dynamic_span.attended_length(z_t) if z_t is not None else self.attended_length()
+        L = cap_length(L, span_cap)
         per_head = self.adaptive_mask is not None and self.span_trim == "head"
-        groups = self.head_groups() if per_head else []  # every L_h <= L
+        groups = self.head_groups(span_cap) if per_head else []  # every L_h <= L
         C = h_cache.shape[1]
         # A cache shorter than the span is left-padded with zeros, as in the code (zero states give
         # zero keys and values: the projections have no bias).

@@ -61,6 +61,10 @@ class AdaptiveSpanLM(LMBase):
         span_trim: "head": each head attends (and projects keys/values for) its own trimmed span, so
             the cost follows every head's span; "layer": the released code's per-layer trimming, where
             the longest head sets the cost of its layer. Equal outputs (the skipped mask is exactly 0).
+        eval_span_cap: at validation/test only, the farthest distance any query attends (1..S; None: no
+            cap, the paper's model). Each layer's attended length is trimmed to it, i.e. the span mask
+            is multiplied by 1[x <= cap] and renormalised: what the model scores with at most `cap`
+            previous tokens (`python -m longctx context` sweeps it). Training ignores it.
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
@@ -84,6 +88,7 @@ class AdaptiveSpanLM(LMBase):
         dynamic_bias_init: float = -4.0,
         chunk_size: int = 64,
         span_trim: SpanTrim = "head",
+        eval_span_cap: int | None = None,
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -96,6 +101,8 @@ class AdaptiveSpanLM(LMBase):
             )
         if span_loss < 0:
             raise ValueError(f"span_loss (λ) must be >= 0, got {span_loss}")
+        if eval_span_cap is not None and not 1 <= eval_span_cap <= attn_span:
+            raise ValueError(f"eval_span_cap must be in [1, attn_span = {attn_span}], got {eval_span_cap}")
         self.net = SpanTransformer(
             vocab_size=vocab_size,
             d_model=d_model,
@@ -113,6 +120,7 @@ class AdaptiveSpanLM(LMBase):
             span_trim=span_trim,
         )
         self.span_loss = span_loss
+        self.eval_span_cap = eval_span_cap
         self._last_spans: list[Tensor] = []
 
     # ------------------------------------------------------------------ memory
@@ -130,7 +138,7 @@ class AdaptiveSpanLM(LMBase):
                 f"AdaptiveSpanLM reads segment batches (B, L); got input of shape {tuple(x.shape)}: "
                 "set data.mode: segments"
             )
-        out = self.net(x, memory)
+        out = self.net(x, memory, span_cap=None if self.training else self.eval_span_cap)
         nll = F.cross_entropy(out.logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, M)
         extra_loss = None
         logs: dict[str, Tensor | float] = {}

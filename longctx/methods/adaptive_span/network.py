@@ -57,8 +57,10 @@ class SpanBlock(nn.Module):
         self.ff = FeedForward(d_model, d_inner, dropout)
         self.norm2 = nn.LayerNorm(d_model)
 
-    def forward(self, h: Tensor, h_cache: Tensor, key_pe: Tensor) -> tuple[Tensor, Tensor | None, int]:
-        attn_out, z_t, L = self.attn(h, h_cache, key_pe)
+    def forward(
+        self, h: Tensor, h_cache: Tensor, key_pe: Tensor, span_cap: int | None = None
+    ) -> tuple[Tensor, Tensor | None, int]:
+        attn_out, z_t, L = self.attn(h, h_cache, key_pe, span_cap)
         h = self.norm1(h + attn_out)  # (B, M, d)
         return self.norm2(h + self.ff(h)), z_t, L
 
@@ -127,8 +129,9 @@ class SpanTransformer(nn.Module):
             if layer.attn.adaptive_mask is not None:
                 layer.attn.adaptive_mask.clamp_()
 
-    def forward(self, x: Tensor, cache: SpanCache) -> SpanTransformerOutput:
-        """x: (B, M) token ids; cache: per layer (B, C_l, d) hidden states of the previous blocks."""
+    def forward(self, x: Tensor, cache: SpanCache, span_cap: int | None = None) -> SpanTransformerOutput:
+        """x: (B, M) token ids; cache: per layer (B, C_l, d) hidden states of the previous blocks;
+        span_cap: None, or the farthest distance attended (`SpanAttention.forward`)."""
         if len(cache.h_cache) != len(self.layers):
             raise ValueError(f"cache has {len(cache.h_cache)} layers, the model {len(self.layers)}")
         h = self.emb_dropout(self.in_emb(x))  # (B, M, d)
@@ -137,7 +140,7 @@ class SpanTransformer(nn.Module):
             # Sized before the layer runs, as in the code: the cache the next block will read.
             C_next = layer.attn.cache_size()
             new_cache.append(torch.cat([h_cache, h], dim=1)[:, -C_next:])
-            h, z_t, L = layer(h, h_cache, self.key_pe)
+            h, z_t, L = layer(h, h_cache, self.key_pe, span_cap)
             attended.append(L)
             mask = layer.attn.adaptive_mask
             if mask is not None:

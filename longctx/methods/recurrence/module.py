@@ -122,6 +122,9 @@ class RecurrentGPT2LM(LMBase):
             (tokens, vocabulary) logits never exist at once; the head's logits are computed twice);
             0: the stock head, all logits at once.
         attn_implementation: the stock attention the recurrence wraps ("sdpa" or "eager").
+        eval_h_prev: at validation/test, "carried" (the paper: each window reads the previous
+            window's h_prev) or "reset" (every window starts as a document start does, without h_prev:
+            the same weights with the recurrence cut, what `python -m longctx context` compares).
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam, 100 warm-up steps).
     """
 
@@ -146,6 +149,7 @@ class RecurrentGPT2LM(LMBase):
         checkpoint_blocks: bool = False,
         loss_chunk: int = 0,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
+        eval_h_prev: Literal["carried", "reset"] = "carried",
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -166,6 +170,9 @@ class RecurrentGPT2LM(LMBase):
             if recurrence
             else None
         )
+        if eval_h_prev not in ("carried", "reset"):
+            raise ValueError(f"eval_h_prev must be 'carried' or 'reset', got {eval_h_prev!r}")
+        self.eval_h_prev = eval_h_prev
         if loss_chunk < 0:
             raise ValueError(f"loss_chunk must be 0 (the stock head) or a number of tokens, got {loss_chunk}")
         if checkpoint_blocks:
@@ -190,12 +197,15 @@ class RecurrentGPT2LM(LMBase):
         use_checkpoint = self.checkpoint_windows and self.training and torch.is_grad_enabled()
         if self.recurrence is not None:
             h_prev = None if memory is None else memory.h_prev
+            reset = batch["reset"]
+            if not self.training and self.eval_h_prev == "reset":
+                reset = torch.ones_like(reset)
             nll, h_prev = self.recurrence(
                 self.lm,
                 x,
                 batch["target"],
                 batch["mask"],
-                batch["reset"],
+                reset,
                 h_prev,
                 checkpoint_windows=use_checkpoint,
                 window_by_window=use_checkpoint and self.window_by_window,

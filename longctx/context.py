@@ -1,0 +1,358 @@
+"""`python -m longctx context`: evaluate checkpoints under a sweep of available context.
+
+    python -m longctx context --config configs/transformer_xl_tiny.yaml --ckpt_path runs/xl/last.ckpt \
+        --config configs/window_transformer_tiny.yaml --ckpt_path runs/window/last.ckpt \
+        [--name xl --name window] [--axis memory] [--lengths 0 16 32 64] [--split valid] \
+        [--run_name NAME] [--root runs] [-- FLAGS FOR EVERY MODEL, e.g. --data.cache_dir X]
+
+Each `--config`/`--ckpt_path` pair is one model (`--name` labels them in order; default: the config's
+file name). Every model is built by the CLI exactly as `validate` builds it (the config, then the
+flags after the pair's own: anything this command does not know is passed to every model), loaded
+once, and evaluated at every context length of its axis (`longctx.diagnostics.axes`: the knob is
+changed in place between evaluations, so a point equals a `validate` run with the flags the CSV
+lists). Writes, in `<root>/<run_name>/`:
+
+- `context.csv`: model, method, axis, context_length, loss, ppl, bpc, bpb, tokens, flags (the
+  `validate` flags of the point); `context.png`: loss against context length, one line per model;
+- `recl.csv` (and `recl_gains.csv`, every relative gain): the Relative Effective Context Length of
+  Dai et al. 2019 over the models of each axis (`longctx.diagnostics.recl`; r = 0.1, 0.5, 1.0);
+- `context_positions.csv`/`.png`: loss by position within the segment/window, per model and point;
+- `context_document_distance.csv`/`.png`: loss by distance to the document start (bins that double);
+- `<name>/token_nll_<axis><length>[_reset].npz`: each point's per-token NLL (`TokenNLLWriter`), and
+  `<name>/config.yaml`, the model's resolved config.
+Logged to W&B (tables and figures) unless `WANDB_MODE=disabled`. Bad input is one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import re
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from longctx.atomic import atomic_path, write_text_atomic
+from longctx.callbacks.token_nll import TokenNLLWriter
+from longctx.cli import PARSER_KWARGS, ConfigError, LongCtxCLI, ensure_wandb_mode, run_name_from_env
+from longctx.diagnostics import positions, recl
+from longctx.diagnostics.axes import Axis, AxisError, Variant, axis_named, default_axis, variants
+from longctx.diagnostics.figures import by_key_figure, context_figure
+
+CONTEXT_COLUMNS = [
+    "model", "method", "axis", "context_length", "loss", "ppl", "bpc", "bpb", "tokens", "flags",
+]  # fmt: skip
+
+
+class ContextError(ValueError):
+    """Bad input to the command; printed as one line."""
+
+
+@dataclass
+class ModelRun:
+    """One `--config`/`--ckpt_path` pair, built by the CLI, with its axis and lengths."""
+
+    name: str
+    ckpt_path: str
+    cli: LongCtxCLI
+    axis: Axis
+    lengths: list[int]
+
+
+class ValidateCLI(LongCtxCLI):
+    """`python -m longctx validate ...` parsed and built (run directory, model, data module, trainer)
+    but not run: the command evaluates the model itself, point by point."""
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Nothing: `sweep` runs the evaluations."""
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m longctx context", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", action="append", required=True, help="a model's config (repeatable)")
+    parser.add_argument(
+        "--ckpt_path", action="append", required=True, help="its checkpoint (one per --config)"
+    )
+    parser.add_argument("--name", action="append", help="its label in tables and figures (in order)")
+    parser.add_argument("--axis", help="memory, attended, span_cap, window or overlap (default: per method)")
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", help="context lengths (default: five up to the configured)"
+    )
+    parser.add_argument("--split", choices=["valid", "test"], default="valid")
+    parser.add_argument("--run_name", help="run directory name (default: as the CLI names runs)")
+    parser.add_argument("--root", default="runs", help="where the run directory goes (default: runs)")
+    parser.add_argument(
+        "--recl_r", type=float, nargs="+", default=list(recl.PAPER_R),
+        help="RECL's r, the fraction of hardest positions compared (paper: 0.1 0.5 1.0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gain_threshold", type=float, default=recl.PAPER_GAIN_THRESHOLD,
+        help="RECL's relative gain threshold (paper: 0.01)",
+    )  # fmt: skip
+    parser.add_argument("--wandb_project", default="longctx")
+    return parser.parse_known_args(argv)
+
+
+def model_names(args: argparse.Namespace) -> list[str]:
+    """The models' labels: `--name` in order, else the config file's stem (numbered when repeated)."""
+    if len(args.ckpt_path) != len(args.config):
+        raise ContextError(
+            f"{len(args.config)} --config but {len(args.ckpt_path)} --ckpt_path: "
+            "give one checkpoint per config"
+        )
+    names = list(args.name or [])
+    if len(names) > len(args.config):
+        raise ContextError(
+            f"{len(names)} --name for {len(args.config)} models: one name per --config at most"
+        )
+    names += [Path(config).stem for config in args.config[len(names) :]]
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}-{seen[name]}")
+    if bad := [name for name in unique if not re.fullmatch(r"[A-Za-z0-9._+-]+", name)]:
+        raise ContextError(f"--name {bad[0]!r}: use letters, digits and . _ + - (it names a directory)")
+    return unique
+
+
+def build(args: argparse.Namespace, extra: list[str], run_dir: Path) -> list[ModelRun]:
+    """Every model built (as `validate` builds it) and checked before any evaluation runs."""
+    runs = []
+    for name, config, ckpt_path in zip(model_names(args), args.config, args.ckpt_path):
+        if not Path(ckpt_path).is_file():
+            raise ContextError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        cli_args = [
+            "validate", "--config", config, *extra, "--ckpt_path", ckpt_path,
+            "--trainer.default_root_dir", str(run_dir), "--run_name", name,
+            "--trainer.enable_progress_bar", "false",
+        ]  # fmt: skip
+        with warnings.catch_warnings():  # it warns that sys.argv (this command's) is not what it parses
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            cli = ValidateCLI(args=cli_args, parser_kwargs=PARSER_KWARGS)
+        if cli.trainer.world_size > 1:
+            raise ContextError(
+                f"{config}: the trainer runs {cli.trainer.world_size} processes; context evaluates in one "
+                "(add --trainer.devices 1 --trainer.num_nodes 1 --trainer.strategy auto)"
+            )
+        model, data = cli.model, cli.datamodule
+        axis = axis_named(args.axis) if args.axis else default_axis(model, data)
+        lengths = axis.lengths_for(model, data, args.lengths)
+        cli.prepare_ckpt_path()  # the checkpoint's weights fit the model (as `validate` checks)
+        runs.append(ModelRun(name, ckpt_path, cli, axis, lengths))
+    return runs
+
+
+def token_nll_name(axis: Axis, length: int, variant: Variant) -> str:
+    return f"token_nll_{axis.name}{length}{variant.file_tag}.npz"
+
+
+def sweep(run: ModelRun, split: str) -> tuple[list[dict], dict[tuple[str, int], Path]]:
+    """Evaluate one model at every length (and variant): CSV rows and each point's per-token file."""
+    trainer, model, data = run.cli.trainer, run.cli.model, run.cli.datamodule
+    trainer.loggers = []  # the points are logged together by this command, not one run each
+    writer = TokenNLLWriter()
+    trainer.callbacks.append(writer)
+    evaluate = trainer.validate if split == "valid" else trainer.test
+    stage = "val" if split == "valid" else "test"
+    module = type(model).__module__
+    method = module.split(".")[2] if module.startswith("longctx.methods.") else type(model).__name__
+    ckpt_path: str | None = run.ckpt_path
+    rows, files = [], {}
+    for variant in variants(model):
+        label = run.name + variant.suffix
+        for length in run.lengths:
+            variant.set(model)
+            run.axis.set(model, data, length)
+            writer.filename = token_nll_name(run.axis, length, variant)
+            metrics = evaluate(model, datamodule=data, ckpt_path=ckpt_path, verbose=False)[0]
+            ckpt_path = None  # the weights are loaded once
+            files[(label, length)] = Path(trainer.default_root_dir) / writer.filename
+            rows.append({
+                "model": label, "method": method, "axis": run.axis.name, "context_length": length,
+                "loss": metrics[f"{stage}/loss"], "ppl": metrics.get(f"{stage}/ppl"),
+                "bpc": metrics.get(f"{stage}/bpc"), "bpb": metrics.get(f"{stage}/bpb"),
+                "tokens": int(metrics[f"{stage}/tokens"]),
+                "flags": " ".join(run.axis.flags(model, data, length) + variant.flags),
+            })  # fmt: skip
+    if len({row["tokens"] for row in rows}) > 1:
+        say(
+            f"{run.name}: the points scored different numbers of targets (a limit_*_batches or a window "
+            "length that changes the batches): their losses are over different text; RECL compares the "
+            "targets all points scored"
+        )
+    return rows, files
+
+
+def read_token_nll(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as archive:
+        return dict(archive)
+
+
+def position_rows(
+    run: ModelRun, split: str, files: dict[tuple[str, int], Path]
+) -> tuple[list[dict], list[dict]]:
+    """Loss by position within the segment/window and by distance to the document start, for each of
+    this model's points (`files`: its per-token files)."""
+    data = run.cli.datamodule
+    tokens = data.corpus.split(split)
+    by_position, by_distance = [], []
+    for (label, length), path in files.items():
+        run.axis.set(run.cli.model, data, length)  # the layout this point was scored with
+        where = positions.window_positions(data.stream(split, train=False), len(tokens.tokens))
+        arrays = read_token_nll(path)
+        head = {"model": label, "axis": run.axis.name, "context_length": length}
+        for row in positions.loss_by_position(arrays["nll"], arrays["offset"], where):
+            by_position.append({**head, **row})
+        for row in positions.loss_by_document_distance(arrays["nll"], arrays["offset"], tokens.doc_offsets):
+            by_distance.append({**head, **row})
+    return by_position, by_distance
+
+
+def recl_rows(
+    runs: list[ModelRun], rows: list[dict], files: dict[tuple[str, int], Path], args: argparse.Namespace
+) -> tuple[list[dict], list[dict]]:
+    """RECL over the models of each axis, at the context lengths they share, on the targets all scored."""
+    recls, gains = [], []
+    for axis in sorted({row["axis"] for row in rows}):
+        labels = list(dict.fromkeys(row["model"] for row in rows if row["axis"] == axis))
+        group = [run for run in runs if run.axis.name == axis]
+        splits = {run.cli.datamodule.corpus.split(args.split).tokens.tobytes() for run in group}
+        if len(splits) > 1:
+            say(f"RECL ({axis}): not computed, the models read different tokens (tokenizer or corpus)")
+            continue
+        per_label = ({c for (model, c) in files if model == label} for label in labels)
+        lengths = sorted(set.intersection(*per_label))
+        if len(lengths) < 2:
+            say(f"RECL ({axis}): not computed, the models share fewer than two context lengths")
+            continue
+        arrays = {(label, c): read_token_nll(files[(label, c)]) for label in labels for c in lengths}
+        common = set.intersection(*(set(a["offset"].tolist()) for a in arrays.values()))
+        offsets = np.array(sorted(common), dtype=np.int64)
+        losses = {label: {c: aligned(arrays[(label, c)], offsets) for c in lengths} for label in labels}
+        found, steps = recl.relative_effective_context_length(losses, args.recl_r, args.gain_threshold)
+        recls += [
+            {"model": r.model, "axis": axis, "r": r.r, "recl": r.length, "reached_end": r.reached_end,
+             "gain_threshold": args.gain_threshold, "targets": len(offsets)}
+            for r in found
+        ]  # fmt: skip
+        gains += [
+            {"model": g.model, "axis": axis, "r": g.r, "c": g.short, "c_prime": g.long, "gain": g.gain}
+            for g in steps
+        ]
+    return recls, gains
+
+
+def aligned(arrays: dict[str, np.ndarray], offsets: np.ndarray) -> np.ndarray:
+    """The NLL of the targets at `offsets` (sorted, all present in the file's sorted `offset`)."""
+    return arrays["nll"][np.searchsorted(arrays["offset"], offsets)]
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> None:
+    columns = columns or (list(rows[0]) if rows else [])
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({key: ("" if row.get(key) is None else row.get(key)) for key in columns} for row in rows)
+    write_text_atomic(path, buffer.getvalue())
+
+
+def save_figure(figure: Figure, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, dpi=120, format="png")
+
+
+def log_to_wandb(
+    run_dir: Path, run_name: str, project: str, tables: dict[str, list[dict]], figures: list[Path]
+) -> None:
+    """Tables and figures to W&B (offline without credentials), unless `WANDB_MODE=disabled`."""
+    if os.environ.get("WANDB_MODE") == "disabled":
+        return
+    ensure_wandb_mode()
+    import wandb
+
+    run = wandb.init(
+        project=project, name=run_name, id=re.sub(r"[^A-Za-z0-9_-]", "-", run_name), dir=str(run_dir),
+        resume="allow", job_type="context",
+    )  # fmt: skip
+    for key, rows in tables.items():
+        if rows:
+            columns = list(rows[0])
+            data = [[row[c] for c in columns] for row in rows]
+            run.log({f"context/{key}": wandb.Table(columns=columns, data=data)})
+    run.log({f"context/{path.stem}": wandb.Image(str(path)) for path in figures})
+    run.finish()
+
+
+def say(message: str) -> None:
+    print(f"longctx: {message}", file=sys.stderr, flush=True)
+
+
+def run(argv: list[str]) -> Path:
+    """The command; returns the run directory."""
+    args, extra = parse(argv)
+    if args.axis:
+        axis_named(args.axis)  # an unknown axis fails before any model is built
+    if not all(0.0 < r <= 1.0 for r in args.recl_r):
+        raise ContextError(f"--recl_r {args.recl_r}: r is a fraction of positions, in (0, 1]")
+    run_name = args.run_name or run_name_from_env()
+    run_dir = Path(args.root) / run_name
+    runs = build(args, extra, run_dir)
+    rows, files, by_position, by_distance = [], {}, [], []
+    for model_run in runs:
+        model_rows, model_files = sweep(model_run, args.split)
+        rows += model_rows
+        files.update(model_files)
+        position, distance = position_rows(model_run, args.split, model_files)
+        by_position += position
+        by_distance += distance
+    recls, gains = recl_rows(runs, rows, files, args)
+    write_csv(run_dir / "context.csv", rows, CONTEXT_COLUMNS)
+    write_csv(run_dir / "recl.csv", recls)
+    write_csv(run_dir / "recl_gains.csv", gains)
+    write_csv(run_dir / "context_positions.csv", by_position)
+    write_csv(run_dir / "context_document_distance.csv", by_distance)
+    figures = {
+        run_dir / "context.png": context_figure(rows),
+        run_dir / "context_positions.png": by_key_figure(
+            by_position, "position", "position in the segment/window"
+        ),
+        run_dir / "context_document_distance.png": by_key_figure(
+            by_distance, "distance_from", "distance to the document start (tokens)", log_x=True
+        ),
+    }
+    for path, figure in figures.items():
+        save_figure(figure, path)
+    tables = {"losses": rows, "recl": recls, "positions": by_position, "document_distance": by_distance}
+    log_to_wandb(run_dir, run_name, args.wandb_project, tables, list(figures))
+    print_summary(rows, recls)
+    say(f"context diagnostics in {run_dir}")
+    return run_dir
+
+
+def print_summary(rows: list[dict], recls: list[dict]) -> None:
+    print(f"{'model':>36s} {'axis':>9s} {'context':>8s} {'loss':>9s} {'tokens':>9s}")
+    for row in rows:
+        length, loss, tokens = row["context_length"], row["loss"], row["tokens"]
+        print(f"{row['model']:>36s} {row['axis']:>9s} {length:>8d} {loss:>9.4f} {tokens:>9d}")
+    for row in recls:
+        more = "+" if row["reached_end"] else ""
+        print(f"RECL {row['model']} ({row['axis']}, r = {row['r']}): {row['recl']}{more}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `python -m longctx context`; bad input exits with one line."""
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except (ContextError, AxisError, ConfigError) as err:
+        sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+    main()
