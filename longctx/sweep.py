@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from longctx.errors import one_line
+
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
 DEFAULT_ROOT = "runs"  # the CLI's run root when trainer.default_root_dir is not set
 SUMMARY = "summary.json"  # written by longctx.callbacks.run_record at the end of every subcommand
@@ -131,8 +133,8 @@ def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
 def parse_sweeps(paths: list[Path]) -> dict[str, Any]:
     """Parse every run of the sweep files with the CLI's own parser (configs read, classes and
     settings validated, nothing instantiated or run): `{"file:run i": the run's subcommand config, or
-    its error line}`. Relative paths in the lines are resolved from the current directory, as when
-    they run."""
+    the error line the run itself would print}`. Relative paths in the lines are resolved from the
+    current directory, as when they run."""
     from longctx.cli import parser_only
 
     parser = parser_only()
@@ -144,8 +146,10 @@ def parse_sweeps(paths: list[Path]) -> dict[str, Any]:
                 args = task_arguments(path, index)
                 with contextlib.redirect_stderr(stderr):
                     result = parser.parse_args(args)[args[0]]
-            except (ValueError, SystemExit) as err:
-                result = (stderr.getvalue().strip() or str(err)).splitlines()[-1]
+            except ValueError as err:  # ParseError: the line `python -m longctx` prints
+                result = f"error: {one_line(err)}"
+            except SystemExit as err:  # LONGCTX_DEBUG=1: jsonargparse's own exit
+                result = one_line(stderr.getvalue().strip() or err)
             parsed[f"{path}:run {index}"] = result
     return parsed
 
