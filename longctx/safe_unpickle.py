@@ -53,8 +53,7 @@ def load_tensors_file(path: str | Path, mmap: bool = False) -> Any:
             raise NotACheckpoint(
                 f"{path} is not a longctx checkpoint: its pickle names {refused.group(1)}, which is "
                 "neither a tensor nor plain data, and longctx refuses unsafe content (unpickling it could "
-                "run any code); give a checkpoint longctx wrote (released models: `python -m longctx "
-                "convert`)"
+                "run any code); give a checkpoint that longctx wrote or converted"
             ) from err
         reason = str(err).splitlines()[-1] if zipped else "not a zip archive, nor a legacy torch.save"
         raise NotACheckpoint(_unreadable(path, reason)) from err
@@ -143,7 +142,10 @@ class RecordUnpickler(pickle.Unpickler):
 def load_pickle(path: Path, allowed: set[str]) -> Any:
     """A plain pickle file (e.g. `vocab.pkl`), with only `allowed` classes, as Records."""
     with open(path, "rb") as f:
-        return RecordUnpickler(f, allowed, str(path)).load()
+        try:
+            return RecordUnpickler(f, allowed, str(path)).load()
+        except (pickle.UnpicklingError, EOFError) as err:
+            raise NotACheckpoint(f"{path} is not a pickle file (truncated or another kind of file)") from err
 
 
 def load_torch_pickle(path: Path, allowed: set[str]) -> Any:
@@ -164,4 +166,7 @@ def load_torch_pickle(path: Path, allowed: set[str]) -> Any:
         def load(file: Any, **kwargs: Any) -> Any:
             return _Pickle.Unpickler(file).load()
 
-    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_Pickle)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_Pickle)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        raise NotACheckpoint(_unreadable(path, "neither a zip archive nor a legacy torch.save")) from err
