@@ -60,6 +60,8 @@ _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS_PROBLEM = re.compile(r"^Problem with given class_path '([^']+)':$")
 _UNKNOWN_OPTION = re.compile(r"^Option '([^']+)' is not accepted$")
 _NO_ATTRIBUTE = re.compile(r"^module '([\w.]+)' has no attribute '(\w+)'$")
+_UNABLE_TO_LOAD = re.compile(r"^Unable to load config '([^']+)'$")
+_YAML_MARK = re.compile(r'^in "<unicode string>", line (\d+), column (\d+)$')
 _UNRECOGNIZED = re.compile(r"^Unrecognized arguments: (\S+)")
 
 
@@ -76,7 +78,7 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     the real problem is the innermost line that is not one of those frames.
     """
     keys: list[str] = []
-    class_path = None
+    class_path = nested = mark = None
     detail = ""
     for raw in message.splitlines():
         line = raw.strip().removeprefix("- ").strip()
@@ -90,7 +92,15 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
         if match := _CLASS_PROBLEM.match(line):
             class_path = match.group(1)
             continue
+        if match := _UNABLE_TO_LOAD.match(line):  # a nested config file (`trainer: base/x.yaml`)
+            nested = match.group(1)
+            continue
+        if match := _YAML_MARK.match(line):  # where in that file: the loader could not name it
+            mark = f"line {match.group(1)}, column {match.group(2)}"
+            continue
         detail = line
+    if nested and mark:
+        detail = f"YAML syntax error in {nested}, {mark}: {detail}; fix the file"
     detail = re.sub(r"<class '([\w.]+)'>", r"\1", detail).replace("typing.", "")
     detail = re.sub(r"^Expected a (.+?)\. Got value: (.*)$", r"expected \1, got \2", detail)
     detail = re.sub(r"^File does not exist: (.*)$", r"no such file \1", detail)

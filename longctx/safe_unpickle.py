@@ -57,7 +57,9 @@ def load_tensors_file(path: str | Path, mmap: bool = False) -> Any:
             ) from err
         reason = str(err).splitlines()[-1] if zipped else "not a zip archive, nor a legacy torch.save"
         raise NotACheckpoint(_unreadable(path, reason)) from err
-    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as err:
+    except PermissionError as err:
+        raise NotACheckpoint(f"{path}: cannot read it ({err.strerror})") from err
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as err:
         reason = "an incomplete zip archive" if zipped else "not a zip archive: truncated or another kind"
         raise NotACheckpoint(_unreadable(path, reason)) from err
 

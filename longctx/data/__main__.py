@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     prepare.add_argument("--max_eval_document_tokens", type=int, help="PG-19: first K tokens per eval book")
     args = parser.parse_args(argv)
     if args.corpus is None and not args.config:
-        parser.error("name a corpus or give --config")
+        prepare.error("name a corpus or give --config")
 
     # A config the parser refuses (ParseError), bad settings, missing or corrupt corpus files: one line.
     with reported_as_one_line(ValueError, DataError):
