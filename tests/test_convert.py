@@ -539,3 +539,12 @@ def test_a_split_left_out_of_the_cache_fails_when_read(tmp_path):
         DataError, match=r"^no train file; the token cache .* was built without the train split"
     ):
         corpus.split("train")
+
+
+def test_missing_format_is_one_line_without_usage(tmp_path):
+    with pytest.raises(SystemExit) as info:
+        main(["--config", "c.yaml", "SRC", "DEST"])
+    assert info.value.code == (
+        "error: the following arguments are required: --from (`python -m longctx convert --help` shows "
+        "the usage)"
+    )
