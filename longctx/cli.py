@@ -336,7 +336,7 @@ def _check_checkpoint_names(trainer: Trainer) -> None:
         if isinstance(callback, ModelCheckpoint):
             name = callback.format_checkpoint_name({})
             if "/" in os.path.relpath(name, callback.dirpath or "."):
-                raise ValueError(
+                raise ConfigError(
                     f"ModelCheckpoint filename {callback.filename!r} gives {name!r}, a path with "
                     "sub-directories made from metric names with '/': set auto_insert_metric_name: "
                     "false, e.g. filename: 'step{step}-val_loss{val/loss:.4f}'"

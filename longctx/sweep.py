@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from longctx.errors import one_line
+from longctx.errors import OneLineArgumentParser, one_line, reported_as_one_line
 
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
 DEFAULT_ROOT = "runs"  # the CLI's run root when trainer.default_root_dir is not set
@@ -162,7 +162,7 @@ def check_sweeps(paths: list[Path]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["run"]:
-        parser = argparse.ArgumentParser(prog="python -m longctx.sweep run", description=run_sweep.__doc__)
+        parser = OneLineArgumentParser(prog="python -m longctx.sweep run", description=run_sweep.__doc__)
         parser.add_argument("sweep_file", type=Path)
         args = parser.parse_args(argv[1:])
         try:
@@ -171,17 +171,17 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"sweep {args.sweep_file} interrupted: the same command continues it")
         sys.exit(1 if failed else 0)
     if argv[:1] == ["check"]:
-        parser = argparse.ArgumentParser(
-            prog="python -m longctx.sweep check", description=check_sweeps.__doc__
-        )
+        parser = OneLineArgumentParser(prog="python -m longctx.sweep check", description=check_sweeps.__doc__)
         parser.add_argument("sweep_files", type=Path, nargs="+")
         args = parser.parse_args(argv[1:])
         errors = check_sweeps(args.sweep_files)
         for where, error in errors.items():
             print(f"{where}: {error}", file=sys.stderr)
         sys.exit(1 if errors else 0)
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = OneLineArgumentParser(
+        prog="python -m longctx.sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("sweep_file", type=Path)
     parser.add_argument("task_id", type=int)
@@ -198,4 +198,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reported_as_one_line(ValueError, OSError):  # a missing sweep file, a line that is no run
+        main()
