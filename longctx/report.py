@@ -19,7 +19,6 @@ and figures are also logged to W&B (`report/table`, a `wandb.Table`).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -34,6 +33,7 @@ from matplotlib.figure import Figure
 
 from longctx.atomic import atomic_path, write_text_atomic
 from longctx.callbacks.run_record import METRICS, SUMMARY
+from longctx.errors import OneLineArgumentParser
 
 MISSING = "-"
 GIB = 2**30
@@ -273,7 +273,7 @@ def log_to_wandb(rows: Sequence[dict[str, Any]], figures: dict[str, Path], start
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(  # bad arguments: one line, the usage only with --help
         prog="python -m longctx report", description="Table and figures from longctx run directories."
     )
     parser.add_argument(

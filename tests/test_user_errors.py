@@ -231,3 +231,43 @@ def test_export_of_the_wrong_checkpoint_is_one_line(tmp_path, tiny_model):
         export_main([str(noise), str(tmp_path / "out")])
     assert str(info.value.code).startswith(f"error: {noise} is not a readable PyTorch checkpoint")
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------- other entry points
+def test_report_without_run_directories_is_one_line():
+    from longctx.report import main as report_main
+
+    with pytest.raises(SystemExit) as info:
+        report_main([])
+    assert info.value.code == (
+        "error: the following arguments are required: RUN_DIR (`python -m longctx report --help` shows "
+        "the usage)"
+    )
+
+
+def test_sweep_of_a_missing_file_or_a_line_that_is_no_run_is_one_line(tmp_path):
+    """Through the module's own entry point (a fresh interpreter: `python -m longctx.sweep`)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    bad = write(tmp_path / "bad.txt", "fitt --config c.yaml\n")
+    for args, expected in (
+        (
+            ["run", str(tmp_path / "none.txt")],
+            f"error: [Errno 2] No such file or directory: '{tmp_path / 'none.txt'}'",
+        ),
+        (
+            ["run", str(bad)],
+            f"error: {bad}: run 0 must start with one of fit, validate, test, evaluate_overlaps, got 'fitt'",
+        ),
+        (
+            ["check"],
+            "error: the following arguments are required: sweep_files (`python -m longctx.sweep check "
+            "--help` shows the usage)",
+        ),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "longctx.sweep", *args], capture_output=True, text=True, cwd=repo
+        )
+        assert (done.returncode, done.stderr) == (1, expected + "\n")
