@@ -253,7 +253,10 @@ def convert(
     ]
     unseen = V - sum(t is not None for t in targets)
     if unseen:
-        notes.append(f"{unseen} longctx symbols never seen by the model get probability 0")
+        notes.append(
+            f"{unseen} longctx symbols never seen by the model get probability 0 (as in their code): a "
+            "text holding any of them scores about 1e9 nats for each; evaluate on its training corpus"
+        )
     if None in targets:
         dropped = [s for s, t in zip(symbols, targets) if t is None]
         notes.append(
