@@ -62,6 +62,8 @@ _UNKNOWN_OPTION = re.compile(r"^Option '([^']+)' is not accepted$")
 _NO_ATTRIBUTE = re.compile(r"^module '([\w.]+)' has no attribute '(\w+)'$")
 _UNABLE_TO_LOAD = re.compile(r"^Unable to load config '([^']+)'$")
 _YAML_MARK = re.compile(r'^in "<unicode string>", line (\d+), column (\d+)$')
+_GIVEN_CLASS = re.compile(r"Got value: Namespace\(class_path='([^']+)'")
+_NOT_ACCEPTED = re.compile(r"^Subcommand '\w+' does not accept option '([^']+)'$")
 _UNRECOGNIZED = re.compile(r"^Unrecognized arguments: (\S+)")
 
 
@@ -101,6 +103,10 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
         detail = line
     if nested and mark:
         detail = f"YAML syntax error in {nested}, {mark}: {detail}; fix the file"
+    if given := _GIVEN_CLASS.search(detail):  # the innermost class (e.g. an optimizer's)
+        class_path = given.group(1)
+    detail = re.sub(r"\. Got value: Namespace\(.*$", "", detail)
+    detail = re.sub(r"^Type .+? expects a function or a callable class: ", "", detail)
     detail = re.sub(r"<class '([\w.]+)'>", r"\1", detail).replace("typing.", "")
     detail = re.sub(r"^Expected a (.+?)\. Got value: (.*)$", r"expected \1, got \2", detail)
     detail = re.sub(r"^File does not exist: (.*)$", r"no such file \1", detail)
@@ -112,6 +118,9 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     elif match := _NO_ATTRIBUTE.match(detail):
         detail = f"class_path {class_path or match.group(2)!r}: {detail}"
         fix = _did_you_mean(match.group(2), _module_names(match.group(1)))
+    elif match := _NOT_ACCEPTED.match(detail):  # a key in a YAML file that no setting has
+        detail = f"unknown setting {match.group(1)!r} in the config"
+        fix = _did_you_mean(match.group(1), [option.removeprefix("--") for option in options])
     elif match := _UNRECOGNIZED.match(detail):
         detail = detail.replace("Unrecognized arguments", "unknown flag(s)")
         fix = _did_you_mean(match.group(1).split("=", 1)[0], list(options))
@@ -152,8 +161,9 @@ class OneLineParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_enabled():
             super().error(message, ex)
-        options = [option for action in self._actions for option in action.option_strings]
-        subcommand = self.prog.split()[-1] if self.prog.split()[-1].isidentifier() else ""
+        parser = getattr(ex, "subcommand_parser", None) or self  # where jsonargparse found it
+        options = [option for action in parser._actions for option in action.option_strings]
+        subcommand = parser.prog.split()[-1] if parser.prog.split()[-1].isidentifier() else ""
         command = " ".join(["python -m longctx", subcommand]).strip()
         hint = f"; `{command} --help` lists the options" if "Unrecognized arguments" in message else ""
         raise ParseError(parse_error_line(message, options) + hint) from ex

@@ -64,6 +64,28 @@ def test_unknown_key_in_yaml_names_the_class_and_the_close_option(parser, tmp_pa
     )
 
 
+def test_unknown_key_of_the_data_or_trainer_in_yaml_names_the_close_setting(parser, tmp_path):
+    config = write(tmp_path / "c.yaml", CONFIG.replace("corpus: sample", "corpuz: sample"))
+    assert parse_error(parser, ["fit", "--config", str(config)]) == (
+        "unknown setting 'data.corpuz' in the config (did you mean data.corpus or data.overlap or "
+        "data.mirror?)"
+    )
+
+
+def test_optimizer_typos_name_the_optimizer(parser, tmp_path):
+    sizes = "{n_layers: 2, d_model: 16, n_heads: 2, d_inner: 32, mem_len: 8}"
+    optimizer = "{n_layers: 2, optimizer: {class_path: torch.optim.Adamm}}"
+    config = write(tmp_path / "c.yaml", CONFIG.replace(sizes, optimizer))
+    assert parse_error(parser, ["fit", "--config", str(config)]) == (
+        "model.init_args.optimizer: class_path 'torch.optim.Adamm': module 'torch.optim' has no attribute "
+        "'Adamm' (did you mean Adam or RAdam or NAdam?)"
+    )
+    config.write_text(config.read_text().replace("Adamm}", "Adam, init_args: {lrr: 0.1}}"))
+    assert parse_error(parser, ["fit", "--config", str(config)]) == (
+        "model.init_args.optimizer: Adam has no option 'lrr' (did you mean lr?)"
+    )
+
+
 def test_unknown_flag_names_the_close_flag_and_help(parser, tmp_path):
     config = write(tmp_path / "c.yaml", CONFIG)
     message = parse_error(parser, ["fit", "--config", str(config), "--trainer.max_stepz", "3"])
