@@ -20,7 +20,7 @@ import yaml
 from jsonargparse import get_loader, set_loader
 from lightning.pytorch.cli import LightningArgumentParser
 
-from longctx.errors import debug_enabled
+from longctx.errors import debug_enabled, one_line
 
 
 class ParseError(ValueError):
@@ -41,7 +41,7 @@ def load_yaml_naming_the_file(value: str, path: str = "") -> Any:
             raise
         mark = getattr(err, "problem_mark", None)
         where = os.path.abspath(path) + (f", line {mark.line + 1}, column {mark.column + 1}" if mark else "")
-        problem = getattr(err, "problem", None) or one_line_of(str(err))
+        problem = getattr(err, "problem", None) or one_line(err)
         raise yaml.YAMLError(f"YAML syntax error in {where}: {problem}; fix the file") from err
 
 
@@ -65,10 +65,6 @@ _YAML_MARK = re.compile(r'^in "<unicode string>", line (\d+), column (\d+)$')
 _GIVEN_CLASS = re.compile(r"Got value: Namespace\(class_path='([^']+)'")
 _NOT_ACCEPTED = re.compile(r"^Subcommand '\w+' does not accept option '([^']+)'$")
 _UNRECOGNIZED = re.compile(r"^Unrecognized arguments: (\S+)")
-
-
-def one_line_of(message: str) -> str:
-    return " ".join(message.split())
 
 
 def parse_error_line(message: str, options: list[str] = ()) -> str:

@@ -149,8 +149,11 @@ def test_checkpoint_names_with_metric_slashes_are_refused(tmp_path):
             }
         )
     )
-    with pytest.raises(ValueError, match="auto_insert_metric_name"):
+    with pytest.raises(SystemExit) as exit_info:  # one line, not a traceback
         main(quick_args(tmp_path, "--config", str(bad)))
+    message = str(exit_info.value.code)
+    assert message.startswith("error: ModelCheckpoint filename '{val/bpc:.3f}' gives ")
+    assert "set auto_insert_metric_name: false" in message
 
 
 @pytest.mark.slow  # an offline W&B run of a fit (~10 s CPU)
