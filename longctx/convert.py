@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("dest", type=Path, help="the longctx checkpoint to write (.ckpt)")
     own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(own)
-    with reported_as_one_line(ValueError, FileNotFoundError, DataError):
+    with reported_as_one_line(ValueError, OSError, DataError):
         result, vocab_file = convert(args.fmt, args.config, args.source, args.dest, args.vocab, overrides)
     print(f"wrote {args.dest}")
     if vocab_file is not None:

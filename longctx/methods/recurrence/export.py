@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", help="output directory (usable as model.init_args.pretrained)")
     parser.add_argument("--tokenizer", help="directory with the GPT-2 BPE files to copy alongside")
     args = parser.parse_args(argv)
-    with reported_as_one_line(ValueError, FileNotFoundError):
+    with reported_as_one_line(ValueError, OSError):  # not its checkpoint, unreadable, unwritable
         out = save_lm(lm_from_checkpoint(args.ckpt), args.out_dir)
         if args.tokenizer:
             copy_tokenizer(args.tokenizer, out)
