@@ -295,3 +295,15 @@ def test_sweep_of_a_missing_file_or_a_line_that_is_no_run_is_one_line(tmp_path):
             [sys.executable, "-m", "longctx.sweep", *args], capture_output=True, text=True, cwd=repo
         )
         assert (done.returncode, done.stderr) == (1, expected + "\n")
+
+
+def test_authors_pickles_that_are_no_pickles_are_one_line(tmp_path):
+    """`convert --from transfo-xl` reads model.pt / cache.pt / vocab.pkl with the record unpickler."""
+    from longctx.safe_unpickle import load_pickle, load_torch_pickle
+
+    noise = tmp_path / "model.pt"
+    noise.write_bytes(b"\xc6" * 100)
+    with pytest.raises(NotACheckpoint, match=rf"^{noise} is not a readable PyTorch checkpoint \(neither"):
+        load_torch_pickle(noise, allowed=set())
+    with pytest.raises(NotACheckpoint, match=rf"^{noise} is not a pickle file \(truncated or another kind"):
+        load_pickle(noise, allowed=set())
