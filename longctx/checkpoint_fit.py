@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
+
+from longctx.safe_unpickle import load_tensors_file
 
 CLASS_PATH_KEY = "_class_path"  # where LightningCLI's instantiator records the model's class
 SHOWN = 3  # example keys per kind of mismatch in the message
@@ -33,13 +34,18 @@ def check_checkpoint_fits(path: str | Path, model: nn.Module, strict: bool = Tru
     """Raise `CheckpointMismatch` naming the checkpoint and the model when the checkpoint's class (if
     it recorded one) or its state dict's keys (only when `strict`) or shapes differ from `model`'s.
 
-    Classes are compared by name, so a checkpoint written before a module moved still loads.
+    Classes are compared by name, so a checkpoint written before a module moved still loads. A file
+    that is no checkpoint at all (truncated, random bytes, unsafe pickle) raises `NotACheckpoint`.
     """
     # mmap: the tensors stay on disk; only names and shapes are read here.
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    ckpt = load_tensors_file(path, mmap=True)
+    if not isinstance(ckpt, dict):
+        raise CheckpointMismatch(
+            f"checkpoint {path} holds a {type(ckpt).__name__}, not a Lightning checkpoint"
+        )
     saved_class = (ckpt.get("hyper_parameters") or {}).get(CLASS_PATH_KEY)
     saved = ckpt.get("state_dict")
-    if saved is None:
+    if not isinstance(saved, dict):
         raise CheckpointMismatch(f"checkpoint {path} has no state_dict: it is not a Lightning checkpoint")
     expected = model.state_dict()
     problems = []

@@ -13,8 +13,11 @@ On top of LightningCLI it:
 - builds the model from the config and the flags alone, also with `--ckpt_path` (LightningCLI 2.6
   would re-parse it from the checkpoint's saved hyperparameters, dropping evaluation settings such
   as TRAMS's), and refuses, in one line, a checkpoint whose weights do not fit that model;
-- reports bad input in one line (`error: ...`): a model's or data module's `__init__` rejecting its
-  settings, a missing `--ckpt_path` file, `--ckpt_path last` with nothing to evaluate.
+- reports bad input in one line (`error: ...`, exit status 1; `longctx.errors`): config and flag
+  typos, wrong types and class paths (the line of jsonargparse's message that names the problem, not
+  the usage), YAML syntax errors (with the file and line), a model's or data module's `__init__`
+  rejecting its settings, missing corpus files, a missing, truncated, unsafe or unfitting
+  `--ckpt_path` file, `--ckpt_path last` with nothing to evaluate. `LONGCTX_DEBUG=1` keeps tracebacks.
 
 `predict` is not offered: an LM's prediction here is its per-token NLL, which depends on the carried
 memory and the method's scoring protocol; `test`/`validate` compute exactly that, token-weighted and
@@ -61,8 +64,11 @@ from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.checkpoint_io import DiskFullError, use_atomic_checkpoints
 from longctx.data.datamodule import LMDataModule
+from longctx.data.download import DataError
+from longctx.errors import debug_enabled, exit_with_error
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.models.base import LMBase
+from longctx.parse_errors import OneLineParser, ParseError
 from longctx.run_lock import RunDirectoryBusy, lock_if_launching
 
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
@@ -241,6 +247,7 @@ class LongCtxCLI(LightningCLI):
         # A requeued run writes into its own run directory again.
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("trainer_class", LongCtxTrainer)
+        kwargs.setdefault("parser_class", OneLineParser)  # parse errors as one line (parse_errors.py)
         # Appended to the config's trainer.callbacks (LightningCLI._instantiate_trainer).
         kwargs.setdefault("trainer_defaults", {"callbacks": [CheckpointOnSigterm(), RunRecord()]})
         super().__init__(LMBase, LMDataModule, *args, subclass_mode_model=True, **kwargs)
@@ -426,7 +433,7 @@ def _check_checkpoint_names(trainer: Trainer) -> None:
         if isinstance(callback, ModelCheckpoint):
             name = callback.format_checkpoint_name({})
             if "/" in os.path.relpath(name, callback.dirpath or "."):
-                raise ValueError(
+                raise ConfigError(
                     f"ModelCheckpoint filename {callback.filename!r} gives {name!r}, a path with "
                     "sub-directories made from metric names with '/': set auto_insert_metric_name: "
                     "false, e.g. filename: 'step{step}-val_loss{val/loss:.4f}'"
@@ -456,6 +463,10 @@ def parser_only() -> LightningArgumentParser:
     raise AssertionError("LightningCLI parsed no arguments")  # unreachable: parse_arguments raises
 
 
+# Bad input (the user's to fix) as opposed to a bug: printed as one line by `main`.
+USER_ERRORS = (ConfigError, ParseError, DataError, DiskFullError, RunDirectoryBusy)
+
+
 def main(args: list[str] | None = None) -> LongCtxCLI:
     """Entry point of `python -m longctx` and of the `longctx` script; bad input exits with one line."""
     argv = sys.argv[1:] if args is None else args
@@ -466,8 +477,12 @@ def main(args: list[str] | None = None) -> LongCtxCLI:
         )
     try:
         return LongCtxCLI(args=args, parser_kwargs=PARSER_KWARGS)
-    except (ConfigError, DiskFullError, RunDirectoryBusy) as err:
-        sys.exit(f"error: {err}")
+    except USER_ERRORS as err:
+        if debug_enabled():
+            raise
+        exit_with_error(err)
     except DivergenceError as err:  # summary.json already says "diverged"
+        if debug_enabled():
+            raise
         say(str(err))
         sys.exit(1)

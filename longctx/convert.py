@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import shlex
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,10 +40,14 @@ from torch import Tensor
 
 from longctx.atomic import atomic_path, write_text_atomic
 from longctx.data.datamodule import LMDataModule
+from longctx.data.download import DataError
+from longctx.errors import OneLineArgumentParser, reported_as_one_line
 from longctx.models.base import LMBase
 
 # format -> module with `MODEL_CLASS`, `ARCH_KEYS`, `read_vocab(fmt, source, vocab)` (the word
-# vocabulary in the checkpoint's id order, or None) and `convert(fmt, source, model, datamodule, vocab)`.
+# vocabulary in the checkpoint's id order, or None), `architecture(fmt, source)` (the checkpoint's
+# sizes as model.init_args), `configured(init_args)` (the config's, in the same keys) and
+# `convert(fmt, source, model, datamodule, vocab)`.
 FORMATS = {
     "adaptive-span": "longctx.methods.adaptive_span.convert",
     "transfo-xl-hf": "longctx.methods.transformer_xl.convert",
@@ -72,22 +78,51 @@ def vocab_path_for(dest: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------- config
+def override_flags(settings: dict[str, Any]) -> list[str]:
+    """`--model.init_args.KEY VALUE` flags (values as JSON: lists, booleans) setting `settings`."""
+    return [
+        arg
+        for key, value in settings.items()
+        for arg in (f"--model.init_args.{key}", json.dumps(value, separators=(",", ":")).strip('"'))
+    ]
+
+
+def check_sizes(config: Path, source: Path, theirs: dict[str, Any], ours: dict[str, Any]) -> None:
+    """Every setting of the config that differs from the checkpoint's, in one error with the flags
+    that fix them all (to give to `convert` and to the evaluation)."""
+    wrong = {key: value for key, value in theirs.items() if ours.get(key) != value}
+    if wrong:
+        differences = ", ".join(f"{key} {ours.get(key)!r} (checkpoint: {wrong[key]!r})" for key in wrong)
+        raise ConvertError(
+            f"{config} does not describe {source}: model.init_args {differences}; add "
+            f"{shlex.join(override_flags(wrong))} to this command (convert prints them in its evaluate: line)"
+        )
+
+
 def load_config(
-    config: Path, overrides: Sequence[str] = (), model_class: type[LMBase] | None = None
+    config: Path,
+    overrides: Sequence[str] = (),
+    model_class: type[LMBase] | None = None,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[LMBase, LMDataModule]:
     """The model and data module a config describes, built by the project's own CLI parser (so
     defaults, links such as `data.vocab_size` and class paths resolve exactly as in `test`), without
     a trainer, logger or run directory. A config of another model class than `model_class` is
-    refused before anything is built."""
+    refused before anything is built, and `check` sees the resolved `model.init_args` first."""
     from longctx.cli import LongCtxCLI
 
     class ConfigReader(LongCtxCLI):
+        def _set_seed(self) -> None:
+            """Nothing random is drawn: every weight comes from the checkpoint."""
+
         def before_instantiate_classes(self) -> None:
             configured = self.config.model.class_path
             if model_class is not None and configured.rsplit(".", 1)[-1] != model_class.__name__:
                 raise ConvertError(
                     f"this format converts into {model_class.__name__}, but {config} configures {configured}"
                 )
+            if check is not None:
+                check(self.config.model.init_args.as_dict())
             self.config.trainer.logger = None
             self.config.trainer.callbacks = None
 
@@ -117,13 +152,16 @@ def load_converted(model: LMBase, state: dict[str, Tensor], source: str) -> None
     unknown = sorted(set(state) - set(expected))
     if unknown:
         raise ConvertError(f"{source}: converted tensors {unknown} have no place in {type(model).__name__}")
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ConvertError(
-                f"{source}: tensor for {name} has shape {tuple(tensor.shape)}, the config's model "
-                f"{tuple(expected[name].shape)}: the config does not describe this checkpoint (check "
-                "the model sizes and the corpus/vocabulary in the config)"
-            )
+    shapes = [
+        f"{name} has shape {tuple(tensor.shape)}, the config's model {tuple(expected[name].shape)}"
+        for name, tensor in state.items()
+        if tuple(tensor.shape) != tuple(expected[name].shape)
+    ]
+    if shapes:
+        raise ConvertError(
+            f"{source}: {len(shapes)} tensors do not fit: tensor for {'; '.join(shapes)}: the config does "
+            "not describe this checkpoint (check the model sizes and the corpus/vocabulary in the config)"
+        )
     missing = sorted(name for name in expected if not any(alias in state for alias in groups[name]))
     if missing:
         raise ConvertError(f"{source}: nothing in the checkpoint fills {missing}")
@@ -173,6 +211,7 @@ def convert(
     if not source.exists():
         raise ConvertError(f"{source} does not exist")
     converter = importlib.import_module(FORMATS[fmt])
+    theirs = converter.architecture(fmt, source)
     symbols = converter.read_vocab(fmt, source, vocab)
     vocab_file = vocab_path_for(dest) if symbols is not None else None
     if vocab_file is not None:
@@ -180,7 +219,12 @@ def convert(
         write_text_atomic(vocab_file, text)
         overrides = [*overrides, "--data.vocab_file", str(vocab_file)]
     try:
-        model, datamodule = load_config(config, overrides, converter.MODEL_CLASS)
+        model, datamodule = load_config(
+            config,
+            overrides,
+            converter.MODEL_CLASS,
+            check=lambda init_args: check_sizes(config, source, theirs, converter.configured(init_args)),
+        )
         result = converter.convert(fmt, source, model, datamodule, vocab)
         load_converted(model, result.state_dict, str(source))
     except BaseException:
@@ -194,8 +238,41 @@ def convert(
     return result, vocab_file
 
 
+OWN_OPTIONS = ("--from", "--config", "--vocab")
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(convert's own arguments, the config overrides): every `--key value` or `--key=value` that is
+    not one of convert's options is an override, so a value like `[100,400]` or a path is never
+    taken for SOURCE or DEST."""
+    own: list[str] = []
+    overrides: list[str] = []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        name = arg.split("=", 1)[0]
+        if not arg.startswith("--") or name in OWN_OPTIONS or arg == "--help":
+            own.append(arg)
+            if arg in OWN_OPTIONS and args:
+                own.append(args.pop(0))
+        else:
+            overrides.append(arg)
+            if "=" not in arg and args:
+                overrides.append(args.pop(0))
+    return own, overrides
+
+
+def evaluate_command(config: Path, overrides: Sequence[str], dest: Path, vocab_file: Path | None) -> str:
+    """The `python -m longctx test` line for the converted checkpoint: the same config and overrides
+    (which fixed its sizes) and the vocabulary written next to it."""
+    args = ["test", "--config", str(config), *overrides, "--ckpt_path", str(dest)]
+    if vocab_file is not None:
+        args += ["--data.vocab_file", str(vocab_file)]
+    return f"python -m longctx {shlex.join(args)}"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="python -m longctx convert",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -212,16 +289,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("source", type=Path, help="the released checkpoint (file or folder)")
     parser.add_argument("dest", type=Path, help="the longctx checkpoint to write (.ckpt)")
-    args, overrides = parser.parse_known_args(argv)
-    try:
+    own, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
+    with reported_as_one_line(ValueError, OSError, DataError):
         result, vocab_file = convert(args.fmt, args.config, args.source, args.dest, args.vocab, overrides)
-    except (ConvertError, ValueError, FileNotFoundError) as err:
-        sys.exit(f"error: {err}")
     print(f"wrote {args.dest}")
-    test = f"python -m longctx test --config {args.config} --ckpt_path {args.dest}"
     if vocab_file is not None:
         print(f"wrote {vocab_file} (the checkpoint's word vocabulary)")
-        test += f" --data.vocab_file {vocab_file}"
     for note in result.notes:
         print(note)
-    print(f"evaluate: {test}")
+    print(f"evaluate: {evaluate_command(args.config, overrides, args.dest, vocab_file)}")

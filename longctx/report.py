@@ -26,7 +26,6 @@ With `--wandb` (or inside an active W&B run) the table and figures are also logg
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -42,6 +41,7 @@ from matplotlib.figure import Figure
 
 from longctx.atomic import atomic_path, write_text_atomic
 from longctx.callbacks.run_record import METRICS, SUMMARY
+from longctx.errors import OneLineArgumentParser
 
 MISSING = "-"
 GIB = 2**30
@@ -440,7 +440,7 @@ def log_to_wandb(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(  # bad arguments: one line, the usage only with --help
         prog="python -m longctx report", description="Table and figures from longctx run directories."
     )
     parser.add_argument(

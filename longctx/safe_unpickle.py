@@ -11,6 +11,8 @@ naming the global: nothing outside builtins containers and the allowed names is 
 from __future__ import annotations
 
 import pickle
+import re
+import zipfile
 from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,52 @@ from torch._weights_only_unpickler import _get_allowed_globals
 
 class UnsafePickleError(ValueError):
     """The pickle names a global that is not on the allowed list."""
+
+
+class NotACheckpoint(ValueError):
+    """A file that is not a complete PyTorch file of tensors and plain data (the message names it)."""
+
+
+# How torch.load(weights_only=True) names the global it refused.
+_REFUSED_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
+def load_tensors_file(path: str | Path, mmap: bool = False) -> Any:
+    """`torch.load(path, weights_only=True)` on the CPU, with one-line errors for what users hand in.
+
+    A truncated file, random bytes or another kind of file raise `NotACheckpoint` saying so instead
+    of torch's internals (`PytorchStreamReader failed ...`, `mmap can only be used with ...`); a file
+    whose pickle names anything but tensors and plain data is refused as unsafe, naming the global,
+    never with torch's advice to retry with `weights_only=False` (which would run that code).
+    `mmap` (tensors stay on disk) applies to the zip format; a legacy-format file is read whole.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise NotACheckpoint(f"{path}: no such file")
+    zipped = zipfile.is_zipfile(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipped)
+    except pickle.UnpicklingError as err:
+        if refused := _REFUSED_GLOBAL.search(str(err)):
+            raise NotACheckpoint(
+                f"{path} is not a longctx checkpoint: its pickle names {refused.group(1)}, which is "
+                "neither a tensor nor plain data, and longctx refuses unsafe content (unpickling it could "
+                "run any code); give a checkpoint that longctx wrote or converted"
+            ) from err
+        reason = str(err).splitlines()[-1] if zipped else "not a zip archive, nor a legacy torch.save"
+        raise NotACheckpoint(_unreadable(path, reason)) from err
+    except PermissionError as err:
+        raise NotACheckpoint(f"{path}: cannot read it ({err.strerror})") from err
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as err:
+        reason = "an incomplete zip archive" if zipped else "not a zip archive: truncated or another kind"
+        raise NotACheckpoint(_unreadable(path, reason)) from err
+
+
+def _unreadable(path: Path, reason: str) -> str:
+    return (
+        f"{path} is not a readable PyTorch checkpoint ({reason}); give a complete checkpoint file "
+        "(a copy that was cut short or is still being written fails like this)"
+    )
 
 
 class Record:
@@ -96,7 +144,10 @@ class RecordUnpickler(pickle.Unpickler):
 def load_pickle(path: Path, allowed: set[str]) -> Any:
     """A plain pickle file (e.g. `vocab.pkl`), with only `allowed` classes, as Records."""
     with open(path, "rb") as f:
-        return RecordUnpickler(f, allowed, str(path)).load()
+        try:
+            return RecordUnpickler(f, allowed, str(path)).load()
+        except (pickle.UnpicklingError, EOFError) as err:
+            raise NotACheckpoint(f"{path} is not a pickle file (truncated or another kind of file)") from err
 
 
 def load_torch_pickle(path: Path, allowed: set[str]) -> Any:
@@ -117,4 +168,7 @@ def load_torch_pickle(path: Path, allowed: set[str]) -> Any:
         def load(file: Any, **kwargs: Any) -> Any:
             return _Pickle.Unpickler(file).load()
 
-    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_Pickle)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_Pickle)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        raise NotACheckpoint(_unreadable(path, "neither a zip archive nor a legacy torch.save")) from err

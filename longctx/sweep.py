@@ -41,6 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from longctx.errors import OneLineArgumentParser, one_line, reported_as_one_line
+
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
 DEFAULT_ROOT = "runs"  # the CLI's run root when trainer.default_root_dir is not set
 SUMMARY = "summary.json"  # written by longctx.callbacks.run_record at the end of every subcommand
@@ -196,8 +198,8 @@ def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
 def parse_sweeps(paths: list[Path]) -> dict[str, Any]:
     """Parse every run of the sweep files with the CLI's own parser (configs read, classes and
     settings validated, nothing instantiated or run): `{"file:run i": the run's subcommand config, or
-    its error line}`. Relative paths in the lines are resolved from the current directory, as when
-    they run."""
+    the error line the run itself would print}`. Relative paths in the lines are resolved from the
+    current directory, as when they run."""
     from longctx.cli import parser_only
 
     parser = parser_only()
@@ -209,8 +211,10 @@ def parse_sweeps(paths: list[Path]) -> dict[str, Any]:
                 args = task_arguments(path, index)
                 with contextlib.redirect_stderr(stderr):
                     result = parser.parse_args(args)[args[0]]
-            except (ValueError, SystemExit) as err:
-                result = (stderr.getvalue().strip() or str(err)).splitlines()[-1]
+            except ValueError as err:  # ParseError: the line `python -m longctx` prints
+                result = f"error: {one_line(err)}"
+            except SystemExit as err:  # LONGCTX_DEBUG=1: jsonargparse's own exit
+                result = one_line(stderr.getvalue().strip() or err)
             parsed[f"{path}:run {index}"] = result
     return parsed
 
@@ -233,7 +237,7 @@ def task_run_directory(args: list[str]) -> Path:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["run"]:
-        parser = argparse.ArgumentParser(prog="python -m longctx.sweep run", description=run_sweep.__doc__)
+        parser = OneLineArgumentParser(prog="python -m longctx.sweep run", description=run_sweep.__doc__)
         parser.add_argument("sweep_file", type=Path)
         args = parser.parse_args(argv[1:])
         try:
@@ -242,17 +246,17 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"sweep {args.sweep_file} interrupted: the same command continues it")
         sys.exit(1 if failed else 0)
     if argv[:1] == ["check"]:
-        parser = argparse.ArgumentParser(
-            prog="python -m longctx.sweep check", description=check_sweeps.__doc__
-        )
+        parser = OneLineArgumentParser(prog="python -m longctx.sweep check", description=check_sweeps.__doc__)
         parser.add_argument("sweep_files", type=Path, nargs="+")
         args = parser.parse_args(argv[1:])
         errors = check_sweeps(args.sweep_files)
         for where, error in errors.items():
             print(f"{where}: {error}", file=sys.stderr)
         sys.exit(1 if errors else 0)
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = OneLineArgumentParser(
+        prog="python -m longctx.sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("sweep_file", type=Path)
     parser.add_argument("task_id", type=int)
@@ -271,4 +275,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with reported_as_one_line(ValueError, OSError):  # a missing sweep file, a line that is no run
+        main()

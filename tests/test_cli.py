@@ -27,6 +27,7 @@ from longctx.cli import (
     main,
     run_name_from_env,
 )
+from longctx.parse_errors import ParseError
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -90,8 +91,10 @@ def test_quickstart_fits_and_writes_one_run_directory(tmp_path):
 def test_config_typo_is_reported(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(quick_args(tmp_path, "--model.init_args.d_modle", "8"))
-    assert exit_info.value.code != 0
-    assert "d_modle" in capsys.readouterr().err
+    # One line, with the fix, and no usage dump (tests/test_user_errors.py has the other typos).
+    message = "error: model: AdaptiveSpanLM has no option 'd_modle' (did you mean d_model?)"
+    assert exit_info.value.code == message
+    assert "usage" not in capsys.readouterr().err
 
 
 def test_wandb_goes_offline_without_credentials(tmp_path, monkeypatch):
@@ -184,8 +187,11 @@ def test_checkpoint_names_with_metric_slashes_are_refused(tmp_path):
             }
         )
     )
-    with pytest.raises(ValueError, match="auto_insert_metric_name"):
+    with pytest.raises(SystemExit) as exit_info:  # one line, not a traceback
         main(quick_args(tmp_path, "--config", str(bad)))
+    message = str(exit_info.value.code)
+    assert message.startswith("error: ModelCheckpoint filename '{val/bpc:.3f}' gives ")
+    assert "set auto_insert_metric_name: false" in message
 
 
 @pytest.mark.slow  # an offline W&B run of a fit (~10 s CPU)
@@ -233,9 +239,8 @@ def test_float32_matmul_precision_is_set_from_the_config(tmp_path, capsys):
         assert torch.get_float32_matmul_precision() == "high"
         LongCtxCLI(args=quick_args(tmp_path, "--float32_matmul_precision", "highest")[1:], run=False)
         assert torch.get_float32_matmul_precision() == "highest"
-        with pytest.raises(SystemExit):
+        with pytest.raises(ParseError, match=r"^float32_matmul_precision: expected Literal\['highest'"):
             LongCtxCLI(args=quick_args(tmp_path, "--float32_matmul_precision", "tf32")[1:], run=False)
-        assert "float32_matmul_precision" in capsys.readouterr().err
     finally:
         torch.set_float32_matmul_precision(previous)
 

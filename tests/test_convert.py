@@ -18,7 +18,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from longctx.convert import ConvertError, convert, main, vocab_path_for
+from longctx.convert import ConvertError, convert, main, split_overrides, vocab_path_for
 from longctx.data.tokenize import WordVocab
 from longctx.methods.adaptive_span.convert import (
     longctx_id,
@@ -37,10 +37,11 @@ pytestmark = skip_without_shared("fixtures", "authors_checkpoints")
 ADAPTIVE = FIXTURES / "adaptive_span"
 RTOL = 1e-5
 
-ADAPTIVE_CONFIG = """\
+ADAPTIVE_SIZES = "d_model: 32, n_layers: 2, n_heads: 4, d_inner: 64, attn_span: 256"
+ADAPTIVE_CONFIG = f"""\
 model:
   class_path: longctx.methods.adaptive_span.module.AdaptiveSpanLM
-  init_args: {d_model: 32, n_layers: 2, n_heads: 4, d_inner: 64, attn_span: 256, span_ramp: 8, dropout: 0.0}
+  init_args: {{{ADAPTIVE_SIZES}, span_ramp: 8, dropout: 0.0}}
 data:
   corpus: enwik8
 """
@@ -168,16 +169,41 @@ def test_adaptive_span_checkpoint_runs_through_lightning_test(adaptive_ckpt):
     assert metrics["test/loss"] == pytest.approx(float(expected.mean()), rel=RTOL)
 
 
-def test_adaptive_span_config_mismatch_names_both(tmp_path):
-    config = write_config(tmp_path, ADAPTIVE_CONFIG.replace("d_inner: 64", "d_inner: 128"))
-    with pytest.raises(
-        ConvertError,
-        match=r"net\.layers\.0\.ff\.fc1\.weight has shape \(64, 32\), the config's model \(128, 32\)",
-    ):
-        convert(
-            "adaptive-span", config, ADAPTIVE / "checkpoint.pt", tmp_path / "x.ckpt", vocab=ADAPTIVE / "data"
-        )
+def test_every_size_difference_is_reported_at_once_with_the_flags(tmp_path):
+    """Not one mismatch per attempt (six tries for this checkpoint): all of them, and the flags."""
+    sizes = "d_model: 64, n_layers: 3, n_heads: 4, d_inner: 128, attn_span: 512"
+    config = write_config(tmp_path, ADAPTIVE_CONFIG.replace(ADAPTIVE_SIZES, sizes))
+    source = ADAPTIVE / "checkpoint.pt"
+    with pytest.raises(ConvertError) as info:
+        convert("adaptive-span", config, source, tmp_path / "x.ckpt", vocab=ADAPTIVE / "data")
+    assert str(info.value) == (
+        f"{config} does not describe {source}: model.init_args d_model 64 (checkpoint: 32), n_layers 3 "
+        "(checkpoint: 2), d_inner 128 (checkpoint: 64), attn_span 512 (checkpoint: 256); add "
+        "--model.init_args.d_model 32 --model.init_args.n_layers 2 --model.init_args.d_inner 64 "
+        "--model.init_args.attn_span 256 to this command (convert prints them in its evaluate: line)"
+    )
     assert not (tmp_path / "x.ckpt").exists()
+    # Those flags fix it.
+    flags = ["--model.init_args.d_model", "32", "--model.init_args.n_layers", "2"]
+    flags += ["--model.init_args.d_inner", "64", "--model.init_args.attn_span", "256"]
+    convert("adaptive-span", config, source, tmp_path / "x.ckpt", vocab=ADAPTIVE / "data", overrides=flags)
+    assert (tmp_path / "x.ckpt").is_file()
+
+
+def test_adaptive_span_offline_without_vocab_names_vocab(tmp_path):
+    """Their vocabulary is rebuilt from the corpus; with no corpus here, one line naming --vocab."""
+    data = f"  root: {tmp_path / 'empty'}\n  download: false\n"
+    config = write_config(tmp_path, ADAPTIVE_CONFIG + data)
+    with pytest.raises(ConvertError) as info:
+        convert("adaptive-span", config, ADAPTIVE / "checkpoint.pt", tmp_path / "x.ckpt")
+    message = str(info.value)
+    assert message.startswith(
+        "the vocabulary of an adaptive-span checkpoint is not stored in it: it is rebuilt from the corpus "
+        "it was trained on, and the config's enwik8 is not available here (enwik8: "
+    )
+    assert message.endswith(
+        "give --vocab DIR, the authors' prepared data folder (train.txt, valid.txt, test.txt)"
+    )
 
 
 def test_adaptive_span_wrong_vocabulary_source(tmp_path):
@@ -277,11 +303,20 @@ def test_transformer_xl_vocabulary_tokenizes_wikitext_to_their_ids(xl_ckpts, tmp
         WordVocab.load(partial).encode_file(FIXTURES / "wt2_piece" / "test.txt")
 
 
-def test_transformer_xl_hf_needs_untie_r(tmp_path):
-    config = write_config(tmp_path, XL_CONFIG.format(div_val=2, untie_r="false"))
-    message = "the checkpoint has untie_r = True, the config's model.init_args.untie_r = False"
-    with pytest.raises(ConvertError, match=message):
-        convert("transfo-xl-hf", config, FIXTURES / "transfo_xl_hf" / "div2", tmp_path / "x.ckpt")
+def test_transformer_xl_sizes_are_read_before_the_model_is_built(tmp_path):
+    """Sizes the model could not even be built with (cutoffs beyond the vocabulary) and untie_r: all
+    reported from the checkpoint's config.json, with the flags, before anything is built or written."""
+    text = XL_CONFIG.format(div_val=2, untie_r="false").replace("n_layers: 2", "n_layers: 4")
+    config = write_config(tmp_path, text.replace("cutoffs: [100, 400]", "cutoffs: [2000, 8000]"))
+    source = FIXTURES / "transfo_xl_hf" / "div2"
+    with pytest.raises(ConvertError) as info:
+        convert("transfo-xl-hf", config, source, tmp_path / "x.ckpt")
+    assert str(info.value) == (
+        f"{config} does not describe {source}: model.init_args n_layers 4 (checkpoint: 2), cutoffs "
+        "[2000, 8000] (checkpoint: [100, 400]), untie_r False (checkpoint: True); add "
+        "--model.init_args.n_layers 2 --model.init_args.cutoffs '[100,400]' --model.init_args.untie_r true "
+        "to this command (convert prints them in its evaluate: line)"
+    )
     assert not (tmp_path / "x.ckpt").exists() and not vocab_path_for(tmp_path / "x.ckpt").exists()
 
 
@@ -405,3 +440,111 @@ def test_converted_checkpoint_evaluates_through_the_cli(tmp_path, monkeypatch):
     trainer = Trainer(accelerator="cpu", logger=False, limit_test_batches=3, enable_progress_bar=False)
     direct = trainer.test(model, datamodule=LMDataModule(**data), verbose=False)[0]["test/loss"]
     assert float(cli.trainer.callback_metrics["test/loss"]) == pytest.approx(direct, rel=RTOL)
+
+
+# ---------------------------------------------------------------------------------- command line
+def test_overrides_are_never_taken_for_source_or_dest():
+    """`--model.init_args.cutoffs [100,400]` (a separate value, as a shell gives it) is an override."""
+    argv = ["--from", "transfo-xl-hf", "--model.init_args.cutoffs", "[100,400]", "--config", "c.yaml"]
+    argv += ["SRC", "--data.root=../data", "DEST", "--model.init_args.untie_r", "true"]
+    own, overrides = split_overrides(argv)
+    assert own == ["--from", "transfo-xl-hf", "--config", "c.yaml", "SRC", "DEST"]
+    assert overrides == [
+        "--model.init_args.cutoffs", "[100,400]", "--data.root=../data", "--model.init_args.untie_r", "true",
+    ]  # fmt: skip
+
+
+XL_FLAGS = ["--model.init_args.cutoffs", "[100,400]", "--model.init_args.untie_r", "true"]
+
+
+def converted_by_the_command(tmp_path: Path, capsys, *data_flags: str) -> str:
+    """`python -m longctx convert` of the div2 HF fixture from a config with other cutoffs and
+    untie_r, fixed by flags; returns its `evaluate:` line."""
+    text = XL_CONFIG.format(div_val=2, untie_r="false").replace(
+        "cutoffs: [100, 400]", "cutoffs: [2000, 8000]"
+    )
+    config = write_config(tmp_path, text)
+    source = FIXTURES / "transfo_xl_hf" / "div2"
+    main(
+        [
+            "--from",
+            "transfo-xl-hf",
+            "--config",
+            str(config),
+            str(source),
+            str(tmp_path / "x.ckpt"),
+            *XL_FLAGS,
+            *data_flags,
+        ]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"wrote {tmp_path / 'x.ckpt'}"
+    return next(line for line in lines if line.startswith("evaluate: "))
+
+
+def test_evaluate_line_carries_the_overrides(tmp_path, capsys):
+    line = converted_by_the_command(tmp_path, capsys)
+    assert line == (
+        f"evaluate: python -m longctx test --config {tmp_path / 'config.yaml'} --model.init_args.cutoffs "
+        f"'[100,400]' --model.init_args.untie_r true --ckpt_path {tmp_path / 'x.ckpt'} --data.vocab_file "
+        f"{tmp_path / 'x.vocab.txt'}"
+    )
+
+
+@pytest.mark.slow  # a conversion and a Lightning test run (~15 s)
+@skip_without_shared("data", "wikitext-2")
+def test_evaluate_line_runs_without_a_train_split_and_reports_the_oov_rate(tmp_path, capsys, monkeypatch):
+    """The printed command runs as printed (plus a batch limit): ../shared/data/wikitext-2 has no
+    train file, which an imported vocabulary does not need; the words the fixture's 1,431-word
+    vocabulary lacks are counted per split and written to summary.json."""
+    import shlex
+
+    from longctx.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+    data = ["--data.root", str(shared_dir() / "data"), "--data.download", "false"]
+    data += ["--data.cache_dir", str(tmp_path / "cache"), "--data.eval_batch_size", "2"]
+    line = converted_by_the_command(tmp_path, capsys, *data)
+    args = shlex.split(line.removeprefix("evaluate: python -m longctx "))
+    cli_main([*args, "--trainer.limit_test_batches", "2", "--trainer.logger", "false", "--run_name", "ev"])
+    summary = json.loads((tmp_path / "runs" / "ev" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["metrics"]["test/loss"] > 0
+    oov = summary["out_of_vocabulary"]
+    assert set(oov) == {"valid", "test"}  # no train split: none was needed
+    test = oov["test"]
+    vocab = WordVocab.load(tmp_path / "x.vocab.txt")
+    ids, unknown = vocab.encode_file_counting_unknown(
+        shared_dir() / "data" / "wikitext-2" / "wiki.test.tokens.gz"
+    )
+    assert test == {"tokens": len(ids), "oov_tokens": unknown, "oov_fraction": unknown / len(ids)}
+    assert 0.2 < test["oov_fraction"] < 0.5  # a third of WikiText-2's test words are not in the piece
+
+
+def test_oov_count_leaves_out_a_written_unk(tmp_path):
+    """Words the vocabulary lacks are counted; `<unk>` written in the text is a word it has."""
+    vocab = WordVocab(["<eos>", "<unk>", "the"])
+    text = tmp_path / "t.txt"
+    text.write_text("the cat <unk>\nthe dog\n")
+    ids, unknown = vocab.encode_file_counting_unknown(text)
+    assert ids.tolist() == [2, 1, 1, 0, 2, 1, 0] and unknown == 2
+
+
+def test_a_split_left_out_of_the_cache_fails_when_read(tmp_path):
+    from longctx.data.cache import TokenizedCorpus
+    from longctx.data.corpora import get_corpus
+    from longctx.data.download import DataError
+
+    corpus = TokenizedCorpus(get_corpus("wikitext2"), 3, {}, tmp_path, np.ones(3), {"train": "no train file"})
+    with pytest.raises(
+        DataError, match=r"^no train file; the token cache .* was built without the train split"
+    ):
+        corpus.split("train")
+
+
+def test_missing_format_is_one_line_without_usage(tmp_path):
+    with pytest.raises(SystemExit) as info:
+        main(["--config", "c.yaml", "SRC", "DEST"])
+    assert info.value.code == (
+        "error: the following arguments are required: --from (`python -m longctx convert --help` shows "
+        "the usage)"
+    )

@@ -13,7 +13,8 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
   `overlaps`: see `longctx.methods.recurrence.overlap_record`), `train_tokens`, `train_tokens_per_s`
   (training time only, validation left out), `peak_memory_bytes` with `peak_memory_kind`
   (`cuda_max_allocated` on a GPU, else the process's `peak_rss`), `wall_time_s`, `global_step`,
-  `error` (one line, or null), and `time`.
+  `error` (one line, or null), `time`, and for
+  word corpora `out_of_vocabulary` (per split: `tokens`, `oov_tokens` mapped to `<unk>`, `oov_fraction`).
   A later subcommand in the same directory (e.g. `test` after `fit`) keeps the earlier metrics it
   does not recompute and the training figures when it did not train; `status` and `subcommand` are
   always the latest's, and `statuses` holds the last status of each subcommand run there
@@ -176,6 +177,8 @@ class RunRecord(pl.Callback):
             "wall_time_s": wall_time_s,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        if oov := getattr(trainer.datamodule, "out_of_vocabulary", dict)():
+            current["out_of_vocabulary"] = oov  # per split: tokens, oov_tokens, oov_fraction
         if tokens > 0:
             current["train_tokens"] = tokens
             current["train_tokens_per_s"] = tokens / self.train_seconds if self.train_seconds > 0 else None

@@ -16,13 +16,13 @@ behind.
 
 from __future__ import annotations
 
-import argparse
-import sys
+import warnings
 from typing import Any
 
 from longctx.data.corpora import CORPORA
 from longctx.data.datamodule import SPLITS, LMDataModule
 from longctx.data.download import DataError
+from longctx.errors import OneLineArgumentParser, reported_as_one_line
 
 # The options that decide which files are read and which ids come out; the rest of a config's `data:`
 # (batch sizes, lengths, modes) does not change the cache.
@@ -55,12 +55,14 @@ def config_data(configs: list[str]) -> dict[str, Any]:
             pass
 
     args = [arg for config in configs for arg in ("--config", config)]
-    cli = ParseOnly(args=args, run=False, parser_kwargs={"parser_mode": "yaml"})
+    with warnings.catch_warnings():  # about args given while sys.argv holds `prepare ...`
+        warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
+        cli = ParseOnly(args=args, run=False, parser_kwargs={"parser_mode": "yaml"})
     return cli.config.data.as_dict()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m longctx.data", description=__doc__.split("\n")[0])
+    parser = OneLineArgumentParser(prog="python -m longctx.data", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser("prepare", help="download, verify and tokenize one corpus")
     prepare.add_argument(
@@ -82,17 +84,17 @@ def main(argv: list[str] | None = None) -> None:
     prepare.add_argument("--max_eval_document_tokens", type=int, help="PG-19: first K tokens per eval book")
     args = parser.parse_args(argv)
     if args.corpus is None and not args.config:
-        parser.error("name a corpus or give --config")
+        prepare.error("name a corpus or give --config")
 
-    settings = config_data(args.config) if args.config else {}
-    settings = {key: value for key, value in settings.items() if key in CACHE_OPTIONS and value is not None}
-    flags = {key: getattr(args, key) for key in CACHE_OPTIONS if getattr(args, key, None) is not None}
-    try:
+    # A config the parser refuses (ParseError), bad settings, missing or corrupt corpus files: one line.
+    with reported_as_one_line(ValueError, DataError):
+        settings = config_data(args.config) if args.config else {}
+        settings = {key: value for key, value in settings.items() if key in CACHE_OPTIONS}
+        settings = {key: value for key, value in settings.items() if value is not None}
+        flags = {key: getattr(args, key) for key in CACHE_OPTIONS if getattr(args, key, None) is not None}
         data = LMDataModule(**{**settings, **flags, "download": args.download})
         data.prepare_data()
         data.setup()
-    except (DataError, ValueError) as err:
-        sys.exit(f"error: {err}")
     print(f"{data.spec.name}: vocabulary {data.vocab_size}, cache {data.corpus.path}")
     for split in SPLITS:
         tokens = data.corpus.split(split).tokens

@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -155,11 +155,13 @@ class CorpusSpec:
 @dataclass
 class TokenizedSplit:
     """tokens: (N,) memory-mapped ids; doc_offsets: (n_docs + 1,) or None; n_words: word counts by
-    convention (`whitespace_eos`, `whitespace`) for corpora that keep them, else None."""
+    convention (`whitespace_eos`, `whitespace`) for corpora that keep them, else None; oov_tokens: how
+    many of the tokens stand for words the vocabulary lacks (word corpora; None: not counted)."""
 
     tokens: np.ndarray
     doc_offsets: np.ndarray | None
     n_words: dict[str, int] | None
+    oov_tokens: int | None = None  # word corpora: tokens that were not in the vocabulary (<unk>)
 
 
 @dataclass
@@ -171,8 +173,15 @@ class TokenizedCorpus:
     splits: dict[str, TokenizedSplit]
     path: Path
     token_bytes: np.ndarray
+    absent: dict[str, str] = field(default_factory=dict)  # split -> why it was not tokenized
 
     def split(self, name: str) -> TokenizedSplit:
+        if name in self.absent:
+            raise DataError(
+                f"{self.absent[name]}; the token cache {self.path} was built without the {name} split (an "
+                "imported data.vocab_file needs no train split to evaluate): put the file there and delete "
+                "the cache to use it"
+            )
         if name not in self.splits:
             raise KeyError(f"{self.corpus.name} has no split {name!r}; splits: {list(self.splits)}")
         return self.splits[name]
@@ -274,9 +283,11 @@ def load_corpus(spec: CorpusSpec) -> TokenizedCorpus:
             tokens=np.load(path / f"{split}.npy", mmap_mode="r"),
             doc_offsets=np.load(docs) if docs.is_file() else None,
             n_words=info.get("n_words"),
+            oov_tokens=info.get("oov_tokens"),
         )
     token_bytes = np.load(path / TOKEN_BYTES_FILE)
-    return TokenizedCorpus(spec.corpus, int(meta["vocab_size"]), splits, path, token_bytes)
+    absent = meta.get("absent", {})
+    return TokenizedCorpus(spec.corpus, int(meta["vocab_size"]), splits, path, token_bytes, absent)
 
 
 # ---------------------------------------------------------------------------------- integrity
@@ -504,26 +515,51 @@ def _tokenize_words(spec: CorpusSpec, path: Path) -> dict:
     """WikiText word level: the Transformer-XL vocabulary and ids."""
     corpus = spec.corpus
     sources = {spec.source(split) for split in SPLITS}
-    source_files = {source: ensure_member(spec, corpus.splits[source]) for source in sorted(sources)}
-    files = {split: source_files[spec.source(split)] for split in SPLITS}
-    vocab_files = list(dict.fromkeys(files[s] for s in corpus.vocab_splits))
     imported = spec.vocab_file is not None
-    vocab = WordVocab.load(spec.vocab_file) if imported else WordVocab.build(vocab_files)
+    source_files, absent_sources = _word_files(spec, sorted(sources), may_lack=imported)
+    if imported:
+        vocab = WordVocab.load(spec.vocab_file)
+    else:
+        files = {split: source_files[spec.source(split)] for split in SPLITS}
+        vocab = WordVocab.build(list(dict.fromkeys(files[s] for s in corpus.vocab_splits)))
     if not imported and spec.split_sources is None and corpus.vocab_size and len(vocab) != corpus.vocab_size:
+        vocab_files = [str(source_files[s]) for s in corpus.vocab_splits]
         raise DataError(
-            f"{spec.name}: the vocabulary built from {[str(f) for f in vocab_files]} has {len(vocab):,} "
+            f"{spec.name}: the vocabulary built from {vocab_files} has {len(vocab):,} "
             f"symbols, expected {corpus.vocab_size:,}: these are not the published files"
         )
     with atomic_path(path / "vocab.txt") as tmp:
         vocab.save(tmp)
     _save(path / TOKEN_BYTES_FILE, vocab.token_bytes())
-    ids = {source: vocab.encode_file(file) for source, file in source_files.items()}
-    splits = {}
+    encoded = {source: vocab.encode_file_counting_unknown(file) for source, file in source_files.items()}
+    splits, absent = {}, {}
     for split in SPLITS:
-        tokens = ids[spec.source(split)]
+        if spec.source(split) in absent_sources:
+            absent[split] = absent_sources[spec.source(split)]
+            continue
+        tokens, unknown = encoded[spec.source(split)]
         _save(path / f"{split}.npy", tokens)
-        splits[split] = _split_info(tokens)
-    return {"vocab_size": len(vocab), "splits": splits}
+        splits[split] = _split_info(tokens, oov_tokens=unknown)
+    return {"vocab_size": len(vocab), "splits": splits, "absent": absent}
+
+
+def _word_files(
+    spec: CorpusSpec, sources: list[str], may_lack: bool
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """The file of each source split, and (when `may_lack`: the vocabulary is imported, so no split
+    is needed to build it) the splits whose file cannot be had, with the reason. At least one split
+    must be there."""
+    files, absent = {}, {}
+    for source in sources:
+        try:
+            files[source] = ensure_member(spec, spec.corpus.splits[source])
+        except DataError as err:
+            if not may_lack:
+                raise
+            absent[source] = str(err)
+    if not files:
+        raise DataError(next(iter(absent.values())))
+    return files, absent
 
 
 def _tokenize_raw_files(spec: CorpusSpec, path: Path) -> dict:

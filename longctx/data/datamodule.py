@@ -16,6 +16,7 @@ from typing import Literal
 import lightning.pytorch as pl
 import platformdirs
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from longctx.data.cache import (
     BYTES_TOKENIZER,
@@ -190,6 +191,30 @@ class LMDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self._corpus is None:
             self._corpus = load_corpus(self.spec)
+            for split, rate in self.out_of_vocabulary().items():
+                if rate["oov_tokens"]:
+                    rank_zero_info(
+                        f"longctx: {self.info.name} {split} split: {rate['oov_tokens']:,} of "
+                        f"{rate['tokens']:,} tokens ({rate['oov_fraction']:.2%}) are words the vocabulary "
+                        "lacks, scored as <unk>"
+                    )
+
+    def out_of_vocabulary(self) -> dict[str, dict[str, float]]:
+        """Per split of a word corpus: `tokens`, `oov_tokens` (words not in the vocabulary, so mapped
+        to `<unk>`; e.g. a released checkpoint's vocabulary on other text) and `oov_fraction`. Empty
+        before `setup`, for other corpora, and for caches written before the count was kept."""
+        if self._corpus is None:
+            return {}
+        rates = {}
+        for split, data in self._corpus.splits.items():
+            if data.oov_tokens is not None:
+                n = len(data.tokens)
+                rates[split] = {
+                    "tokens": n,
+                    "oov_tokens": data.oov_tokens,
+                    "oov_fraction": data.oov_tokens / max(n, 1),
+                }
+        return rates
 
     @property
     def corpus(self) -> TokenizedCorpus:

@@ -127,18 +127,26 @@ class WordVocab:
 
     def encode_file(self, path: Path) -> np.ndarray:
         """Ids of every symbol of the file; words not in the vocabulary become `<unk>`."""
+        return self.encode_file_counting_unknown(path)[0]
+
+    def encode_file_counting_unknown(self, path: Path) -> tuple[np.ndarray, int]:
+        """`encode_file`'s ids and how many symbols were not in the vocabulary (mapped to `<unk>`:
+        the out-of-vocabulary count; a `<unk>` written in the text is a symbol of the vocabulary)."""
         index, unk = self.index, self.index.get(UNK)
         ids: list[int] = []
+        unknown = 0
         for line in read_lines(path):
             for symbol in line_symbols(line):
-                i = index.get(symbol, unk)
+                i = index.get(symbol)
                 if i is None:
-                    raise ValueError(
-                        f"{path}: word {symbol!r} is not in the vocabulary and the vocabulary has no "
-                        f"{UNK}; build the vocabulary from a split that covers this one"
-                    )
+                    if unk is None:
+                        raise ValueError(
+                            f"{path}: word {symbol!r} is not in the vocabulary and the vocabulary has no "
+                            f"{UNK}; build the vocabulary from a split that covers this one"
+                        )
+                    i, unknown = unk, unknown + 1
                 ids.append(i)
-        return np.asarray(ids, dtype=smallest_uint(len(self) - 1))
+        return np.asarray(ids, dtype=smallest_uint(len(self) - 1)), unknown
 
     def save(self, path: Path) -> None:
         path.write_text("\n".join(self.symbols) + "\n", encoding="utf-8")

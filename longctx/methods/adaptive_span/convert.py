@@ -36,8 +36,10 @@ from torch import Tensor
 
 from longctx.convert import Converted, ConvertError
 from longctx.data.datamodule import LMDataModule
+from longctx.data.download import DataError
 from longctx.data.tokenize import TEXT8_ALPHABET
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.safe_unpickle import load_tensors_file
 
 MODEL_CLASS = AdaptiveSpanLM
 # What fixes the tensors' shapes and the cache sizes (the checkpoint does not store R).
@@ -121,8 +123,15 @@ def longctx_id(symbol: str, unit: str) -> int | None:
 def their_vocabulary(datamodule: LMDataModule, vocab: Path | None) -> list[str]:
     if vocab is not None:
         return vocabulary_from_files(vocab)
-    datamodule.prepare_data()
-    datamodule.setup("test")
+    try:
+        datamodule.prepare_data()
+        datamodule.setup("test")
+    except DataError as err:
+        raise ConvertError(
+            f"the vocabulary of an adaptive-span checkpoint is not stored in it: it is rebuilt from the "
+            f"corpus it was trained on, and the config's {datamodule.info.name} is not available here "
+            f"({err}); give --vocab DIR, the authors' prepared data folder (train.txt, valid.txt, test.txt)"
+        ) from err
     corpus = datamodule.corpus
     return vocabulary_from_ids(
         [corpus.split(s).tokens for s in ("train", "valid", "test")], corpus.corpus.unit
@@ -145,6 +154,44 @@ def strip_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return state
 
 
+def read_checkpoint(source: Path) -> dict[str, Tensor]:
+    """Their model's state dict (without `module.`), refused unless the file is their checkpoint."""
+    checkpoint = load_tensors_file(source, mmap=True)
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
+        raise ConvertError(
+            f"{source}: not an adaptive-span checkpoint (theirs is a dict whose 'model' entry is the "
+            "state dict, as their utils.save_checkpoint writes)"
+        )
+    return strip_prefix(checkpoint["model"])
+
+
+def configured(init_args: dict) -> dict:
+    """The config's settings that `architecture` reads from a checkpoint (all are plain init_args)."""
+    return {key: init_args[key] for key in ("d_model", "n_layers", "n_heads", "d_inner", "attn_span", "span")}
+
+
+def architecture(fmt: str, source: Path) -> dict:
+    """The checkpoint's sizes under the config's names (model.init_args), from its tensors' shapes;
+    span_ramp is not stored in their checkpoints (see the note `convert` prints)."""
+    theirs = read_checkpoint(source)
+    layers = {int(match.group(1)) for key in theirs if (match := _MASK.fullmatch(key))}
+    z = theirs.get("layers.0.attn.attn.adaptive_span._mask.current_val")
+    fc1 = theirs.get("layers.0.ff.fc1.weight")
+    if z is None or fc1 is None or "in_emb.weight" not in theirs or "key_pe" not in theirs:
+        raise ConvertError(
+            f"{source}: no adaptive spans, key_pe or first feed-forward layer: not a checkpoint of "
+            "adaptive-span's model with --adapt-span"
+        )
+    return {
+        "d_model": theirs["in_emb.weight"].shape[1],
+        "n_layers": len(layers),
+        "n_heads": z.shape[0],
+        "d_inner": fc1.shape[0],
+        "attn_span": theirs["key_pe"].shape[-1],
+        "span": "adaptive",
+    }
+
+
 def read_vocab(fmt: str, source: Path, vocab: Path | None) -> None:
     """No word vocabulary: rows move onto longctx's fixed byte/char ids (see `convert`)."""
     return None
@@ -153,13 +200,7 @@ def read_vocab(fmt: str, source: Path, vocab: Path | None) -> None:
 def convert(
     fmt: str, source: Path, model: AdaptiveSpanLM, datamodule: LMDataModule, vocab: Path | None
 ) -> Converted:
-    checkpoint = torch.load(source, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
-        raise ConvertError(
-            f"{source}: not an adaptive-span checkpoint (theirs is a dict whose 'model' entry is the "
-            "state dict, as their utils.save_checkpoint writes)"
-        )
-    theirs = strip_prefix(checkpoint["model"])
+    theirs = read_checkpoint(source)
     unit = datamodule.info.unit
     if unit not in ("byte", "char"):
         raise ConvertError(
@@ -204,10 +245,18 @@ def convert(
                 )
         elif _LAYER.fullmatch(key):
             state[f"net.{key}"] = tensor
-    notes = [f"vocabulary: {len(symbols)} symbols of theirs onto {V} longctx ids"]
+    notes = [
+        f"vocabulary: {len(symbols)} symbols of theirs onto {V} longctx ids",
+        f"note: span_ramp is not stored in adaptive-span checkpoints: the config's model.init_args.span_ramp "
+        f"= {model.hparams.span_ramp} must be the --adapt-span-ramp the model was trained with (theirs "
+        "defaults to 32)",
+    ]
     unseen = V - sum(t is not None for t in targets)
     if unseen:
-        notes.append(f"{unseen} longctx symbols never seen by the model get probability 0")
+        notes.append(
+            f"{unseen} longctx symbols never seen by the model get probability 0 (as in their code): a "
+            "text holding any of them scores about 1e9 nats for each; evaluate on its training corpus"
+        )
     if None in targets:
         dropped = [s for s, t in zip(symbols, targets) if t is None]
         notes.append(

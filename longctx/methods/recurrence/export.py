@@ -9,19 +9,19 @@ your own small GPT-2"). The recurrence's own weights (layer weights, FFN) are no
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from longctx.atomic import atomic_path, created_dirs, umask_mode
+from longctx.errors import OneLineArgumentParser, reported_as_one_line
 from longctx.methods.recurrence.module import HF_CONFIG_KEY
 from longctx.methods.recurrence.network import RECURRENCE_IMPLEMENTATIONS
+from longctx.safe_unpickle import load_tensors_file
 
 
 def save_lm(lm: PreTrainedModel, out_dir: str | Path) -> Path:
@@ -51,9 +51,15 @@ def save_lm(lm: PreTrainedModel, out_dir: str | Path) -> Path:
 def lm_from_checkpoint(ckpt_path: str | Path) -> PreTrainedModel:
     """The causal LM of a `RecurrentGPT2LM` Lightning checkpoint (no hub access needed): its config is
     the one `RecurrentGPT2LM.on_save_checkpoint` stored under `HF_CONFIG_KEY`."""
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    if HF_CONFIG_KEY not in ckpt:
-        raise ValueError(f"{ckpt_path} is not a RecurrentGPT2LM checkpoint (no {HF_CONFIG_KEY!r} entry)")
+    ckpt = load_tensors_file(ckpt_path)
+    if not isinstance(ckpt, dict) or HF_CONFIG_KEY not in ckpt:
+        saved = ckpt.get("hyper_parameters", {}).get("_class_path") if isinstance(ckpt, dict) else None
+        holds = f" (it holds a {saved})" if saved else ""
+        raise ValueError(
+            f"{ckpt_path} is not a RecurrentGPT2LM checkpoint{holds}: export writes the GPT-2 of a "
+            "RecurrentGPT2LM run (e.g. runs/<run>/checkpoints/last.ckpt of a gpt2_window or "
+            "recurrent_gpt2 config)"
+        )
     fields = dict(ckpt[HF_CONFIG_KEY])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     lm = AutoModelForCausalLM.from_config(config)
@@ -84,7 +90,7 @@ def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="python -m longctx.methods.recurrence.export",
         description="Write a RecurrentGPT2LM checkpoint's GPT-2 as a Hugging Face directory.",
     )
@@ -92,9 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", help="output directory (usable as model.init_args.pretrained)")
     parser.add_argument("--tokenizer", help="directory with the GPT-2 BPE files to copy alongside")
     args = parser.parse_args(argv)
-    out = save_lm(lm_from_checkpoint(args.ckpt), args.out_dir)
-    if args.tokenizer:
-        copy_tokenizer(args.tokenizer, out)
+    with reported_as_one_line(ValueError, OSError):  # not its checkpoint, unreadable, unwritable
+        out = save_lm(lm_from_checkpoint(args.ckpt), args.out_dir)
+        if args.tokenizer:
+            copy_tokenizer(args.tokenizer, out)
     print(f"wrote {out}")
 
 

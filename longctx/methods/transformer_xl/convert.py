@@ -40,7 +40,7 @@ from torch import Tensor
 from longctx.convert import Converted, ConvertError
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.transformer_xl.module import TransformerXLLM
-from longctx.safe_unpickle import Record, load_pickle, load_torch_pickle
+from longctx.safe_unpickle import Record, load_pickle, load_tensors_file, load_torch_pickle
 
 MODEL_CLASS = TransformerXLLM
 ARCH_KEYS = (
@@ -147,22 +147,69 @@ def to_longctx(
     return state
 
 
-def check_architecture(source: str, theirs: dict[str, Any], model: TransformerXLLM) -> None:
-    """Refuse a config whose sizes differ from the checkpoint's, naming both."""
-    hp = model.hparams
-    ours = {
-        "vocab_size": model.vocab_size,
-        "n_layers": hp.n_layers,
-        "d_model": hp.d_model,
-        "n_heads": hp.n_heads,
-        "d_head": hp.d_head or hp.d_model // hp.n_heads,
-        "d_inner": hp.d_inner,
-        "d_embed": hp.d_embed or hp.d_model,
-        "cutoffs": list(hp.cutoffs or []),
-        "div_val": hp.div_val,
-        "pre_lnorm": hp.pre_lnorm,
-        "untie_r": hp.untie_r,
+def configured(init_args: dict[str, Any]) -> dict[str, Any]:
+    """The architecture a config's `model.init_args` describe, with defaults resolved as the model
+    resolves them (d_head = d_model / n_heads, d_embed = d_model), in the keys `architecture` uses."""
+    d_model, n_heads = init_args["d_model"], init_args["n_heads"]
+    return {
+        "n_layers": init_args["n_layers"],
+        "d_model": d_model,
+        "n_heads": n_heads,
+        "d_head": init_args["d_head"] or d_model // n_heads,
+        "d_inner": init_args["d_inner"],
+        "d_embed": init_args["d_embed"] or d_model,
+        "cutoffs": list(init_args["cutoffs"] or []),
+        "div_val": init_args["div_val"],
+        "pre_lnorm": init_args["pre_lnorm"],
+        "untie_r": init_args["untie_r"],
     }
+
+
+def architecture(fmt: str, source: Path) -> dict[str, Any]:
+    """The checkpoint's sizes under the config's names (model.init_args), read before any model is
+    built, so every difference from the config is reported at once (`longctx.convert`)."""
+    if fmt == "transfo-xl-hf":
+        return hf_architecture(read_hf_config(source))
+    return kimiyoung_architecture(read_kimiyoung(source))
+
+
+def hf_architecture(config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "n_layers": config["n_layer"],
+        "d_model": config["d_model"],
+        "n_heads": config["n_head"],
+        "d_head": config["d_head"],
+        "d_inner": config["d_inner"],
+        "d_embed": config["d_embed"],
+        "cutoffs": config["cutoffs"],
+        "div_val": config["div_val"],
+        "pre_lnorm": config["pre_lnorm"],
+        "untie_r": config["untie_r"],
+    }
+
+
+def kimiyoung_architecture(root: Record) -> dict[str, Any]:
+    attrs, crit = root.state, root.state["_modules"]["crit"].state
+    layer0 = attrs["_modules"]["layers"].state["_modules"]["0"].state
+    attn0 = layer0["_modules"]["dec_attn"].state
+    return {
+        "n_layers": attrs["n_layer"],
+        "d_model": attrs["d_model"],
+        "n_heads": attrs["n_head"],
+        "d_head": attrs["d_head"],
+        "d_inner": layer0["_modules"]["pos_ff"].state["d_inner"],
+        "d_embed": attrs["d_embed"],
+        "cutoffs": list(crit["cutoffs"][:-1]),
+        "div_val": crit["div_val"],
+        "pre_lnorm": attn0["pre_lnorm"],
+        "untie_r": False,
+    }
+
+
+def check_architecture(source: str, theirs: dict[str, Any], model: TransformerXLLM) -> None:
+    """Refuse a model whose sizes differ from the checkpoint's, naming both (the vocabulary size is
+    known only once the data module is built; the rest was compared with the config before)."""
+    ours = {"vocab_size": model.vocab_size, **configured(dict(model.hparams))}
     for key, value in theirs.items():
         if key in ours and ours[key] != value:
             where = (
@@ -268,24 +315,8 @@ def convert(
 
 def convert_hf(source: Path, model: TransformerXLLM) -> Converted:
     config = read_hf_config(source)
-    check_architecture(
-        str(source),
-        {
-            "vocab_size": config["vocab_size"],
-            "n_layers": config["n_layer"],
-            "d_model": config["d_model"],
-            "n_heads": config["n_head"],
-            "d_head": config["d_head"],
-            "d_inner": config["d_inner"],
-            "d_embed": config["d_embed"],
-            "cutoffs": config["cutoffs"],
-            "div_val": config["div_val"],
-            "pre_lnorm": config["pre_lnorm"],
-            "untie_r": config["untie_r"],
-        },
-        model,
-    )
-    theirs = torch.load(source / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    check_architecture(str(source), {"vocab_size": config["vocab_size"], **hf_architecture(config)}, model)
+    theirs = load_tensors_file(source / "pytorch_model.bin")
     theirs = {k.removeprefix("transformer."): v for k, v in theirs.items()}
     state = to_longctx(theirs, model, hf_cluster_order=True, source=str(source))
     clamp = config["clamp_len"]
@@ -307,36 +338,27 @@ def module_tensors(record: Record, prefix: str = "") -> Iterator[tuple[str, Tens
             yield from module_tensors(child, f"{prefix}{name}.")
 
 
-def convert_kimiyoung(source: Path, model: TransformerXLLM) -> Converted:
+def read_kimiyoung(source: Path) -> Record:
+    """Their pickled MemTransformerLM as inert records, refused unless it is one this converts."""
     root = load_torch_pickle(source, KIMIYOUNG_CLASSES)
     if not isinstance(root, Record) or root.cls != "mem_transformer.MemTransformerLM":
         raise ConvertError(
             f"{source}: not a pickled MemTransformerLM (torch.save(model) of kimiyoung's train.py)"
         )
-    attrs, crit = root.state, root.state["_modules"]["crit"].state
+    attrs = root.state
     if attrs.get("attn_type", 0) != 0:
         raise ConvertError(
             f"{source}: attn_type {attrs['attn_type']}; only relative attention (0) is supported"
         )
     if attrs.get("sample_softmax", -1) > 0:
         raise ConvertError(f"{source}: a sampled-softmax model; only the adaptive softmax is supported")
-    layer0 = root.state["_modules"]["layers"].state["_modules"]["0"].state
-    check_architecture(
-        str(source),
-        {
-            "vocab_size": attrs["n_token"],
-            "n_layers": attrs["n_layer"],
-            "d_model": attrs["d_model"],
-            "n_heads": attrs["n_head"],
-            "d_head": attrs["d_head"],
-            "d_embed": attrs["d_embed"],
-            "cutoffs": list(crit["cutoffs"][:-1]),
-            "div_val": crit["div_val"],
-            "pre_lnorm": layer0["_modules"]["dec_attn"].state["pre_lnorm"],
-            "untie_r": False,
-        },
-        model,
-    )
+    return root
+
+
+def convert_kimiyoung(source: Path, model: TransformerXLLM) -> Converted:
+    root = read_kimiyoung(source)
+    attrs = root.state
+    check_architecture(str(source), {"vocab_size": attrs["n_token"], **kimiyoung_architecture(root)}, model)
     theirs = dict(module_tensors(root))
     state = to_longctx(theirs, model, hf_cluster_order=False, source=str(source))
     notes = evaluation_notes(

@@ -1,0 +1,54 @@
+"""One line for every user error: `error: <the problem and the fix>` on stderr, exit status 1.
+
+Every entry point (`python -m longctx ...`, `longctx.sweep`, `longctx.data`, `longctx.convert`,
+`longctx.methods.recurrence.export`) reports bad input this way: no usage dump (only `--help` prints
+the usage) and no traceback. `LONGCTX_DEBUG=1` in the environment keeps the traceback (and
+jsonargparse's full message) for the cases where the line is not enough.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+DEBUG_ENV = "LONGCTX_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """Whether `LONGCTX_DEBUG` asks for tracebacks instead of one-line errors."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def one_line(message: object) -> str:
+    """The message with its line breaks and runs of spaces folded into single spaces."""
+    return " ".join(str(message).split())
+
+
+def exit_with_error(message: object) -> NoReturn:
+    """Exit with status 1 and `error: <message>` as one line on stderr."""
+    sys.exit(f"error: {one_line(message)}")
+
+
+@contextmanager
+def reported_as_one_line(*errors: type[BaseException]) -> Iterator[None]:
+    """Bad input raised as one of `errors` ends the program with its one line (the traceback only
+    with `LONGCTX_DEBUG=1`); any other exception is a bug and keeps its traceback."""
+    try:
+        yield
+    except errors as err:
+        if debug_enabled():
+            raise
+        exit_with_error(err)
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse without the usage dump on bad arguments: one `error:` line naming `--help`."""
+
+    def error(self, message: str) -> NoReturn:
+        if debug_enabled():
+            super().error(message)
+        exit_with_error(f"{message} (`{self.prog} --help` shows the usage)")
