@@ -171,8 +171,9 @@ def test_missing_data_root_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(args)
     message = str(info.value.code)
-    assert message.startswith("error: wikitext2: wiki.") and "\n" not in message
-    assert "downloads are off (data.download: false). Fetch the corpus with" in message
+    assert message.startswith(f"error: data.root {tmp_path / 'nonexistent'} does not exist: point")
+    assert "\n" not in message and "--data.download true" in message
+    assert not (tmp_path / "nonexistent").exists()  # nothing created on failure
 
 
 def test_data_prepare_reports_config_and_corpus_errors_in_one_line(tmp_path):
@@ -181,7 +182,7 @@ def test_data_prepare_reports_config_and_corpus_errors_in_one_line(tmp_path):
     assert info.value.code == f"error: config: no such file '{tmp_path / 'nope.yaml'}'"
     with pytest.raises(SystemExit) as info:
         data_main(["prepare", "wikitext2", "--root", str(tmp_path / "none"), "--no-download"])
-    assert str(info.value.code).startswith("error: wikitext2: wiki.")
+    assert str(info.value.code).startswith(f"error: data.root {tmp_path / 'none'} does not exist")
     with pytest.raises(SystemExit) as info:
         data_main(["prepare"])
     assert (
