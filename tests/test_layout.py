@@ -9,6 +9,7 @@ transitively.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,39 @@ def test_the_check_finds_direct_and_transitive_lightning_imports():
     found = lightning_imports(REPO / "longctx" / "methods" / "window_transformer" / "module.py")
     assert "lightning.pytorch.cli" in found["longctx/methods/window_transformer/module.py"]
     assert "lightning.pytorch" in found["longctx/models/base.py"]
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Groups of longctx modules under `root` that import each other, directly or through others
+    (imports inside functions count: they are the usual way a cycle is hidden)."""
+    graph = {
+        path: {p for m in imported_modules(path) if (p := source_of(m)) is not None and p != path}
+        for path in sorted(root.rglob("*.py"))
+    }
+
+    def reachable(start: Path) -> set[Path]:
+        seen, todo = set(), list(graph.get(start, ()))
+        while todo:
+            path = todo.pop()
+            if path not in seen:
+                seen.add(path)
+                todo.extend(graph.get(path, ()))
+        return seen
+
+    reach = {path: reachable(path) for path in graph}
+    groups = {frozenset(q for q in reach[p] if p in reach.get(q, ())) for p in graph if p in reach[p]}
+    return sorted(sorted(str(p.relative_to(REPO)) for p in group) for group in groups)
+
+
+def test_no_module_of_longctx_imports_itself_through_others():
+    assert import_cycles(REPO / "longctx") == []
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
+    package = tmp_path / "longctx"
+    package.mkdir()
+    (package / "a.py").write_text("def f():\n    from longctx.b import g\n")
+    (package / "b.py").write_text("from longctx.a import f\n")
+    (package / "c.py").write_text("from longctx import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert import_cycles(package) == [["longctx/a.py", "longctx/b.py"]]

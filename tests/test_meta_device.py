@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_leaves
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from longctx.methods.adaptive_span.network import SpanTransformer
+from longctx.methods.recurrence.hf import register_recurrence_attention
 from longctx.methods.recurrence.network import RECURRENCE_SDPA, WindowRecurrence
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
@@ -85,6 +86,7 @@ def test_recurrent_gpt2_on_meta(backward, lean, monkeypatch):
     with META:
         lm = GPT2LMHeadModel(config)
         recurrence = WindowRecurrence(32, 3)
+    register_recurrence_attention()
     lm.set_attn_implementation(RECURRENCE_SDPA)
     if lean:
         lm.activation_checkpointing_enable({"use_reentrant": False})

@@ -32,6 +32,7 @@ from longctx.methods.recurrence.flops import (
     hf_model_flops_per_scored_token,
     kaplan_non_embedding_params,
 )
+from longctx.methods.recurrence.hf import register_recurrence_attention
 from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.recurrence.network import (
     RECURRENCE_EAGER,
@@ -63,6 +64,7 @@ def gpt2(impl: str = "sdpa", dropout: float = 0.0, seed: int = 0) -> GPT2LMHeadM
     )
     config.use_cache = False  # HF's cached path rounds differently (eager, by one ulp) from the uncached one
     lm = GPT2LMHeadModel(config)
+    register_recurrence_attention()
     lm.set_attn_implementation(impl)
     return lm.eval()
 

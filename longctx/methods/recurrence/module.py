@@ -48,54 +48,17 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
-from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
+from longctx.methods.recurrence.hf import (
+    HF_CONFIG_KEY,
+    build_lm,
+    drop_output_capturing_hooks,
+    restore_after_unpickling,
+)
 from longctx.methods.recurrence.memory import RecurrenceMemory
-from longctx.methods.recurrence.network import RECURRENCE_IMPLEMENTATIONS, WindowRecurrence, window_nll
+from longctx.methods.recurrence.network import WindowRecurrence, window_nll
 from longctx.models.base import LMBase, StepOutput
-
-HF_CONFIG_KEY = "hf_config"
-
-
-def build_lm(
-    pretrained: str | None,
-    gpt2_config: dict[str, Any] | None,
-    vocab_size: int,
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa",
-) -> PreTrainedModel:
-    """The causal LM, running the recurrence attention implementation (which is the stock attention
-    whenever no slot is passed, so the baseline runs it too)."""
-    if (pretrained is None) == (gpt2_config is None):
-        raise ValueError(
-            "give exactly one of `pretrained` (hub id, directory or .ckpt) and `gpt2_config` (a dict)"
-        )
-    impl = RECURRENCE_IMPLEMENTATIONS[attn_implementation]
-    if pretrained is not None:
-        if pretrained.endswith(".ckpt"):
-            # A RecurrentGPT2LM Lightning checkpoint (e.g. a windowed GPT-2 fit on the line before in a
-            # sweep): its LM, with no export step. Imported here: export.py imports this module.
-            from longctx.methods.recurrence.export import lm_from_checkpoint
-
-            lm = lm_from_checkpoint(pretrained)
-            lm.set_attn_implementation(impl)
-        else:
-            lm = AutoModelForCausalLM.from_pretrained(pretrained, attn_implementation=impl)
-        lm.train()  # from_pretrained returns eval mode, which Lightning keeps at fit: dropout would be off
-        if lm.config.vocab_size < vocab_size:
-            raise ValueError(
-                f"the pretrained model {pretrained!r} has {lm.config.vocab_size} tokens, fewer than the "
-                f"data's vocabulary ({vocab_size}); use the model's tokenizer for the data"
-            )
-    else:
-        fields = {"bos_token_id": None, "eos_token_id": None, **gpt2_config, "vocab_size": vocab_size}
-        lm = GPT2LMHeadModel(GPT2Config(**fields))
-        lm.set_attn_implementation(impl)
-    if attn_implementation == "eager" and getattr(lm.config, "reorder_and_upcast_attn", False):
-        # GPT-2 runs its own upcast attention only when the implementation is literally "eager".
-        raise ValueError("reorder_and_upcast_attn is not supported with the recurrence; use sdpa")
-    return lm
 
 
 class RecurrentGPT2LM(LMBase):
@@ -242,26 +205,18 @@ class RecurrentGPT2LM(LMBase):
 
     # ------------------------------------------------------------------ pickling (ddp_spawn)
     def __getstate__(self) -> dict[str, Any]:
-        """transformers 5 records `hidden_states` with forward hooks that are local closures, installed
-        on the first forward: unpicklable. Drop them (the next forward installs them again)."""
-        for module in self.lm.modules():
-            for key, hook in list(module._forward_hooks.items()):
-                if getattr(hook, "__name__", "") == "output_capturing_hook":
-                    del module._forward_hooks[key]
-            if getattr(module, "_output_capturing_hooks_installed", False):
-                module._output_capturing_hooks_installed = False
+        """Without transformers' unpicklable output-capturing hooks (`hf.py`)."""
+        drop_output_capturing_hooks(self.lm)
         return super().__getstate__()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """A spawned process registers the recurrence attention and repairs transformers' registry."""
         super().__setstate__(state)
-        # A spawned process has built no model of these classes: register what they can record (the
-        # registry is filled by PreTrainedModel.__init__, which unpickling skips).
-        for module in self.lm.modules():
-            if isinstance(module, PreTrainedModel):
-                _CAN_RECORD_REGISTRY[module] = module._can_record_outputs
+        restore_after_unpickling(self.lm)
 
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        # The LM's full config, so `export.py` rebuilds it without the hub or the original directory.
+        # The LM's full config, so `hf.lm_from_checkpoint` rebuilds it without the hub or the original
+        # directory.
         checkpoint[HF_CONFIG_KEY] = self.lm.config.to_dict()

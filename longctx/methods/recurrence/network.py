@@ -10,14 +10,15 @@ and a small feed-forward net (3 hidden layers of width 200) maps z_i to `h_prev`
 reads at layer ℓ_ins as **one extra key and value** (not a query): T queries, T+1 keys. The slot's
 key/value come from that layer's own projections; positions of the window's tokens are unchanged.
 
-The slot is added without copying Hugging Face's attention code: `register_recurrence_attention()`
-registers two attention implementations (`recurrence_sdpa`, `recurrence_eager`) in transformers'
-`AttentionInterface` that wrap the stock SDPA / eager functions. At every layer but ℓ_ins they call
-the stock function unchanged (so without a slot the model is bit for bit the stock model); at ℓ_ins
-they prepend the slot's key/value and one mask column that every query of a row with a slot may see
-(rows without a slot get a zero slot with a masked column). The matching mask functions are
-registered too, so padding masks keep working. A stock attention implementation silently ignores the
-extra keyword argument, so `run_window` checks that exactly one layer consumed the slot.
+The slot is added without copying Hugging Face's attention code: `hf.register_recurrence_attention()`
+(called explicitly, never at import time) registers two attention implementations (`recurrence_sdpa`,
+`recurrence_eager`) in transformers' `AttentionInterface` that wrap the stock SDPA / eager functions
+(`with_slot`). At every layer but ℓ_ins they call the stock function unchanged (so without a slot the
+model is bit for bit the stock model); at ℓ_ins they prepend the slot's key/value and one mask column
+that every query of a row with a slot may see (rows without a slot get a zero slot with a masked
+column). The matching mask functions are registered too, so padding masks keep working. A stock
+attention implementation silently ignores the extra keyword argument, so `run_window` checks that
+exactly one layer consumed the slot.
 
 The slot is never passed through `past_key_values`: that shifts the window's positions, SDPA crops
 it, and Hugging Face drops the cache under gradient checkpointing (field notes).
@@ -43,10 +44,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
-from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 
 from longctx.methods.recurrence.bptt import reverse_window_bptt
 from longctx.methods.recurrence.chunked_loss import linear_cross_entropy
@@ -135,24 +132,14 @@ def with_slot(base: AttentionFn) -> AttentionFn:
     return attention
 
 
-def register_recurrence_attention() -> None:
-    """Register `recurrence_sdpa` / `recurrence_eager` (attention and mask functions); idempotent."""
-    AttentionInterface.register(RECURRENCE_SDPA, with_slot(sdpa_attention_forward))
-    AttentionInterface.register(RECURRENCE_EAGER, with_slot(eager_attention_forward))
-    ALL_MASK_ATTENTION_FUNCTIONS.register(RECURRENCE_SDPA, sdpa_mask)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(RECURRENCE_EAGER, eager_mask)
-
-
-register_recurrence_attention()
-
-
 def check_recurrence_attention(lm: nn.Module) -> None:
     """Raise unless `lm` runs with a registered recurrence attention implementation."""
     impl = getattr(lm.config, "_attn_implementation", None)
     if impl not in RECURRENCE_IMPLEMENTATIONS.values():
         raise RuntimeError(
             f"the model runs with attention implementation {impl!r}, which ignores the recurrence slot; "
-            f"call lm.set_attn_implementation({RECURRENCE_SDPA!r}) (or {RECURRENCE_EAGER!r})"
+            f"call hf.register_recurrence_attention(), then lm.set_attn_implementation({RECURRENCE_SDPA!r}) "
+            f"(or {RECURRENCE_EAGER!r})"
         )
 
 
