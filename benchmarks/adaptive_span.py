@@ -43,9 +43,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from longctx.core.base import detach_memory
 from longctx.methods.adaptive_span.flops import flops_per_token, macs_per_token, parameter_count
 from longctx.methods.adaptive_span.network import SpanTransformer
-from longctx.models.base import detach_memory
 from longctx.optim.adagrad import ClippedAdagrad
 
 VARIANTS = ("fixed", "adaptive-small", "adaptive-mixed", "adaptive-small-layer", "adaptive-mixed-layer")

@@ -63,11 +63,11 @@ from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.checkpoint_io import DiskFullError, use_atomic_checkpoints
+from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.errors import debug_enabled, exit_with_error
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
-from longctx.models.base import LMBase
 from longctx.parse_errors import OneLineParser, ParseError
 from longctx.run_lock import RunDirectoryBusy, lock_if_launching
 

@@ -39,10 +39,10 @@ import torch
 from torch import Tensor
 
 from longctx.atomic import atomic_path, write_text_atomic
+from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.errors import OneLineArgumentParser, reported_as_one_line
-from longctx.models.base import LMBase
 
 # format -> module with `MODEL_CLASS`, `ARCH_KEYS`, `read_vocab(fmt, source, vocab)` (the word
 # vocabulary in the checkpoint's id order, or None), `architecture(fmt, source)` (the checkpoint's

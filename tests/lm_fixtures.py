@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.core.base import LMBase, StepOutput
 from longctx.data.streams import SegmentStream
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.transformer_xl.module import TransformerXLLM
-from longctx.models.base import LMBase, StepOutput
 
 
 class CarryLM(LMBase):

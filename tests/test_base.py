@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from longctx.models.base import StepOutput
+from longctx.core.base import StepOutput
 from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer, reference_eval_loss
 
 

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from longctx.callbacks.divergence import DivergenceError, StopOnDivergence, advice
 from longctx.cli import main
-from longctx.models.base import StepOutput
+from longctx.core.base import StepOutput
 from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer
 
 

@@ -14,13 +14,13 @@ from torch import Tensor, nn
 
 from longctx.callbacks.token_nll import TOKEN_NLL_FILE, TokenNLLWriter
 from longctx.cli import LongCtxTrainer, main
+from longctx.core.base import LMBase, StepOutput
 from longctx.data.cache import TokenizedCorpus, TokenizedSplit
 from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
 from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.transformer_xl.module import TransformerXLLM, drop_last_scored
 from longctx.methods.window_transformer.module import WindowTransformerLM
-from longctx.models.base import LMBase, StepOutput
 from tests.lm_fixtures import TINY_METHODS, SyntheticData, WindowData, cpu_trainer
 
 REPO = Path(__file__).resolve().parents[1]

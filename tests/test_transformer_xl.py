@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from longctx.core.base import detach_memory
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs
 from longctx.methods.transformer_xl.memory import XLMemory, reset_memory_rows
@@ -24,7 +25,6 @@ from longctx.methods.transformer_xl.relative_attention import (
     sinusoid_positions,
     window_blocked,
 )
-from longctx.models.base import detach_memory
 from tests.lm_fixtures import SyntheticData, cpu_trainer
 
 RESOLVED = Path(__file__).resolve().parent / "fixtures" / "resolved_configs"

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from longctx.atomic import atomic_path
+from longctx.core.base import LMBase
+from longctx.core.token_nll import TokenNLLCollector
 from longctx.data.datamodule import LMDataModule
-from longctx.models.base import LMBase
-from longctx.models.token_nll import TokenNLLCollector
 
 TOKEN_NLL_FILE = "token_nll.npz"
 

@@ -25,12 +25,12 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.window_transformer.module import WindowTransformerLM
-from longctx.models.base import LMBase
 
 
 class AxisError(ValueError):

@@ -34,13 +34,13 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from longctx.core.base import LMBase, StepOutput
 from longctx.methods.adaptive_span import flops as span_flops
 from longctx.methods.adaptive_span.attention import SpanKind, SpanTrim
 from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
-from longctx.models.base import LMBase, StepOutput
 from longctx.optim.adagrad import ClippedAdagrad
 
 

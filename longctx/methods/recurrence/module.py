@@ -49,6 +49,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from longctx.core.base import LMBase, StepOutput
 from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
 from longctx.methods.recurrence.hf import (
     HF_CONFIG_KEY,
@@ -58,7 +59,6 @@ from longctx.methods.recurrence.hf import (
 )
 from longctx.methods.recurrence.memory import RecurrenceMemory
 from longctx.methods.recurrence.network import WindowRecurrence, window_nll
-from longctx.models.base import LMBase, StepOutput
 
 
 class RecurrentGPT2LM(LMBase):

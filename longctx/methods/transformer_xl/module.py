@@ -58,12 +58,12 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from longctx.core.base import LMBase, StepOutput
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.memory import XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import Metric, Positions, TramsSettings
-from longctx.models.base import LMBase, StepOutput
 
 Protocol = Literal["xl", "trams"]
 

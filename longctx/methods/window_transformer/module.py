@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from longctx.core.base import LMBase, StepOutput
 from longctx.methods.window_transformer.flops import flops_per_token
 from longctx.methods.window_transformer.network import WindowTransformer
-from longctx.models.base import LMBase, StepOutput
 
 
 class WindowTransformerLM(LMBase):

@@ -31,8 +31,8 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 from torchmetrics import SumMetric
 
-from longctx.models import rng_state
-from longctx.models.token_nll import TokenNLLCollector
+from longctx.core import rng_state
+from longctx.core.token_nll import TokenNLLCollector
 
 # A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
 # tensors, None), e.g. `SpanCache`, `XLMemory`, `RecurrenceMemory`, or None for a model without
