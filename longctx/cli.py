@@ -61,8 +61,8 @@ from longctx.callbacks import (
 )
 from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
-from longctx.checkpoint_fit import check_checkpoint_fits
-from longctx.checkpoint_io import DiskFullError, use_atomic_checkpoints
+from longctx.checkpoints.fit_check import check_checkpoint_fits
+from longctx.checkpoints.saving import DiskFullError, use_atomic_checkpoints
 from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError

@@ -1,6 +1,6 @@
 """One line for every user error: `error: <the problem and the fix>` on stderr, exit status 1.
 
-Every entry point (`python -m longctx ...`, `longctx.sweep`, `longctx.data`, `longctx.convert`,
+Every entry point (`python -m longctx ...`, `longctx.sweep`, `longctx.data`, `longctx.checkpoints.convert`,
 `longctx.methods.recurrence.export`) reports bad input this way: no usage dump (only `--help` prints
 the usage) and no traceback. `LONGCTX_DEBUG=1` in the environment keeps the traceback (and
 jsonargparse's full message) for the cases where the line is not enough.

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from longctx.checkpoint_fit import CheckpointMismatch, check_checkpoint_fits
+from longctx.checkpoints.fit_check import CheckpointMismatch, check_checkpoint_fits
 
 
 class Net(nn.Module):

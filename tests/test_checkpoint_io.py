@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longctx.checkpoint_io import AtomicCheckpointIO, DiskFullError
+from longctx.checkpoints.saving import AtomicCheckpointIO, DiskFullError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from longctx.convert import ConvertError, convert, main, split_overrides, vocab_path_for
+from longctx.checkpoints.convert import ConvertError, convert, main, split_overrides, vocab_path_for
+from longctx.checkpoints.safe_unpickle import UnsafePickleError, load_pickle, load_torch_pickle
 from longctx.data.tokenize import WordVocab
 from longctx.methods.adaptive_span.convert import (
     longctx_id,
@@ -29,7 +30,6 @@ from longctx.methods.adaptive_span.convert import (
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.transformer_xl.convert import read_hf_vocab
 from longctx.methods.transformer_xl.module import TransformerXLLM
-from longctx.safe_unpickle import UnsafePickleError, load_pickle, load_torch_pickle
 from tests.conftest import shared_dir, skip_without_shared
 
 FIXTURES = shared_dir() / "fixtures" / "authors_checkpoints"

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from longctx.checkpoint_fit import check_checkpoint_fits
+from longctx.checkpoints.fit_check import check_checkpoint_fits
+from longctx.checkpoints.safe_unpickle import NotACheckpoint, load_tensors_file
 from longctx.cli import main, parser_only
 from longctx.data.__main__ import main as data_main
 from longctx.errors import DEBUG_ENV
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.recurrence.export import main as export_main
 from longctx.parse_errors import ParseError
-from longctx.safe_unpickle import NotACheckpoint, load_tensors_file
 from longctx.sweep import check_sweeps
 
 XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
@@ -300,7 +300,7 @@ def test_sweep_of_a_missing_file_or_a_line_that_is_no_run_is_one_line(tmp_path):
 
 def test_authors_pickles_that_are_no_pickles_are_one_line(tmp_path):
     """`convert --from transfo-xl` reads model.pt / cache.pt / vocab.pkl with the record unpickler."""
-    from longctx.safe_unpickle import load_pickle, load_torch_pickle
+    from longctx.checkpoints.safe_unpickle import load_pickle, load_torch_pickle
 
     noise = tmp_path / "model.pt"
     noise.write_bytes(b"\xc6" * 100)

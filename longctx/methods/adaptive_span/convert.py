@@ -34,12 +34,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from longctx.convert import Converted, ConvertError
+from longctx.checkpoints.convert import Converted, ConvertError
+from longctx.checkpoints.safe_unpickle import load_tensors_file
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.data.tokenize import TEXT8_ALPHABET
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
-from longctx.safe_unpickle import load_tensors_file
 
 MODEL_CLASS = AdaptiveSpanLM
 # What fixes the tensors' shapes and the cache sizes (the checkpoint does not store R).

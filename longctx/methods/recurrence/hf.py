@@ -38,13 +38,13 @@ from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 from longctx.atomic import created_dirs, umask_mode
+from longctx.checkpoints.safe_unpickle import load_tensors_file
 from longctx.methods.recurrence.network import (
     RECURRENCE_EAGER,
     RECURRENCE_IMPLEMENTATIONS,
     RECURRENCE_SDPA,
     with_slot,
 )
-from longctx.safe_unpickle import load_tensors_file
 
 HF_CONFIG_KEY = "hf_config"  # where `RecurrentGPT2LM.on_save_checkpoint` stores the LM's config
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torch import nn
 
-from longctx.safe_unpickle import load_tensors_file
+from longctx.checkpoints.safe_unpickle import load_tensors_file
 
 CLASS_PATH_KEY = "_class_path"  # where LightningCLI's instantiator records the model's class
 SHOWN = 3  # example keys per kind of mismatch in the message
