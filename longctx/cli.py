@@ -69,6 +69,7 @@ from longctx.data.download import DataError
 from longctx.errors import debug_enabled, exit_with_error
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.parse_errors import OneLineParser, ParseError
+from longctx.run_layout import CONFIG, checkpoint_dir, run_directory
 from longctx.run_lock import RunDirectoryBusy, lock_if_launching
 
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
@@ -245,7 +246,7 @@ class LongCtxCLI(LightningCLI):
         self.command = [str(arg) for arg in sys.argv[1:]] if kwargs.get("args") is None else kwargs["args"]
         kwargs.setdefault("save_config_callback", LoggedConfigCallback)
         # A requeued run writes into its own run directory again.
-        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True, "config_filename": CONFIG})
         kwargs.setdefault("trainer_class", LongCtxTrainer)
         kwargs.setdefault("parser_class", OneLineParser)  # parse errors as one line (parse_errors.py)
         # Appended to the config's trainer.callbacks (LightningCLI._instantiate_trainer).
@@ -347,7 +348,7 @@ class LongCtxCLI(LightningCLI):
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         run_name = config.get("run_name") or run_name_from_env()
         config.run_name = run_name
-        run_dir = Path(config.trainer.default_root_dir or "runs") / run_name
+        run_dir = run_directory(config.trainer.default_root_dir, run_name)
         config.trainer.default_root_dir = str(run_dir)
         check_writable(run_dir)
         for logger in _logger_configs(config.trainer.logger):
@@ -364,7 +365,7 @@ class LongCtxCLI(LightningCLI):
                     init.group = init.get("group") or group
         for callback in _callback_configs(config.trainer.callbacks):
             if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
-                callback.init_args.dirpath = str(run_dir / "checkpoints")
+                callback.init_args.dirpath = str(checkpoint_dir(run_dir))
 
     def before_fit(self) -> None:
         _check_checkpoint_names(self.trainer)
@@ -400,7 +401,7 @@ class LongCtxCLI(LightningCLI):
                 candidates = [path for path in (found, connector._hpc_resume_path) if path]
                 found = max(candidates, key=os.path.getmtime, default=None)
             if found is None:
-                where = Path(self.trainer.default_root_dir) / "checkpoints"
+                where = checkpoint_dir(self.trainer.default_root_dir)
                 if self.subcommand != "fit":
                     raise ConfigError(f"--ckpt_path last: no checkpoint in {where}, so nothing to evaluate")
                 say(f"--ckpt_path last: no checkpoint in {where} yet; the run starts fresh")

@@ -44,6 +44,7 @@ from longctx.cli import PARSER_KWARGS, ConfigError, LongCtxCLI, ensure_wandb_mod
 from longctx.diagnostics import positions, recl
 from longctx.diagnostics.axes import Axis, AxisError, Variant, axis_named, default_axis, variants
 from longctx.diagnostics.figures import by_key_figure, context_figure
+from longctx.run_layout import DEFAULT_ROOT, run_directory
 
 CONTEXT_COLUMNS = [
     "model", "method", "axis", "context_length", "loss", "ppl", "bpc", "bpb", "tokens", "flags",
@@ -86,7 +87,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--split", choices=["valid", "test"], default="valid")
     parser.add_argument("--run_name", help="run directory name (default: as the CLI names runs)")
-    parser.add_argument("--root", default="runs", help="where the run directory goes (default: runs)")
+    parser.add_argument(
+        "--root", default=DEFAULT_ROOT, help=f"where the run directory goes (default: {DEFAULT_ROOT})"
+    )
     parser.add_argument(
         "--recl_r", type=float, nargs="+", default=list(recl.PAPER_R),
         help="RECL's r, the fraction of hardest positions compared (paper: 0.1 0.5 1.0)",
@@ -302,7 +305,7 @@ def run(argv: list[str]) -> Path:
     if not all(0.0 < r <= 1.0 for r in args.recl_r):
         raise ContextError(f"--recl_r {args.recl_r}: r is a fraction of positions, in (0, 1]")
     run_name = args.run_name or run_name_from_env()
-    run_dir = Path(args.root) / run_name
+    run_dir = run_directory(args.root, run_name)
     runs = build(args, extra, run_dir)
     rows, files, by_position, by_distance = [], {}, [], []
     for model_run in runs:

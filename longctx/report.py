@@ -40,8 +40,8 @@ import yaml
 from matplotlib.figure import Figure
 
 from longctx.atomic import atomic_path, write_text_atomic
-from longctx.callbacks.run_record import METRICS, SUMMARY
 from longctx.errors import OneLineArgumentParser
+from longctx.run_layout import CONFIG, METRICS, SUMMARY
 
 MISSING = "-"
 GIB = 2**30
@@ -69,7 +69,7 @@ def read_run(path: Path) -> Run:
             f"{path}: no {SUMMARY}; pass run directories (runs/<run_name>) of runs started with "
             "`python -m longctx fit|validate|test|evaluate_overlaps`"
         )
-    config_path = path / "config.yaml"
+    config_path = path / CONFIG
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     curve_path = path / METRICS
     curve = (

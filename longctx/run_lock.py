@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-LOCK_FILE = ".lock"
+from longctx.run_layout import LOCK
+
 # Lightning's own rule for a process's global rank (lightning.fabric.utilities.rank_zero._get_rank).
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 # A multi-node launch whose node is not the first: its local rank 0 is not the run's rank 0.
@@ -71,7 +72,7 @@ def run_directory_lock(run_dir: Path | str) -> Iterator[None]:
     """Hold `<run_dir>/.lock` for the block (created with the folder); `RunDirectoryBusy` at once
     when another live process holds it. On a filesystem without locks (e.g. Lustre mounted with
     `noflock`), the block runs unlocked after one line saying so."""
-    path = Path(run_dir) / LOCK_FILE
+    path = Path(run_dir) / LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:

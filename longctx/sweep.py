@@ -41,11 +41,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from longctx import run_layout
 from longctx.errors import OneLineArgumentParser, one_line, reported_as_one_line
+from longctx.run_layout import SUMMARY
 
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
-DEFAULT_ROOT = "runs"  # the CLI's run root when trainer.default_root_dir is not set
-SUMMARY = "summary.json"  # written by longctx.callbacks.run_record at the end of every subcommand
 LONGCTX = (sys.executable, "-m", "longctx")
 # Flags that slurm/sweep.sbatch appends to a line (the job's resources): the same line on any cluster.
 LAUNCH_FLAGS = ("--trainer.devices", "--trainer.num_nodes")
@@ -107,8 +107,8 @@ def local_run(path: Path, args: list[str]) -> tuple[list[str], Path]:
 
 def run_directory(args: list[str], run_name: str | None = None) -> Path:
     """`<trainer.default_root_dir>/<run_name>` of a command line (the root `runs` unless it says)."""
-    root = option(args, "--trainer.default_root_dir") or DEFAULT_ROOT
-    return Path(root) / (option(args, "--run_name") or run_name or "")
+    root = option(args, "--trainer.default_root_dir")
+    return run_layout.run_directory(root, option(args, "--run_name") or run_name or "")
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from longctx import run_layout
+
 REPO = Path(__file__).resolve().parents[1]
 METHODS = sorted(p for p in (REPO / "longctx" / "methods").iterdir() if (p / "__init__.py").is_file())
 PURE_ROLES = ("network.py", "flops.py", "memory.py")
@@ -120,3 +122,38 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     (package / "c.py").write_text("from longctx import a\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert import_cycles(package) == [["longctx/a.py", "longctx/b.py"]]
+
+
+# The names the layout defines (DEFAULT_ROOT, LOCK, SUMMARY, ...: its upper-case constants).
+RUN_FILE_NAMES = {value for name, value in vars(run_layout).items() if name.isupper()}
+
+
+def spelled_run_file_names(root: Path) -> list[str]:
+    """`file:line name` for every string constant of the run layout spelled outside `run_layout.py`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "run_layout.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and node.value in RUN_FILE_NAMES:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value}")
+    return found
+
+
+def test_the_run_directory_layout_is_spelled_only_in_run_layout():
+    """One module owns where a run's files go; the CLI, sweep, run record and lock take names from it."""
+    assert {"runs", ".lock", "config.yaml", "summary.json", "metrics.jsonl", "checkpoints"} <= RUN_FILE_NAMES
+    assert spelled_run_file_names(REPO / "longctx") == []
+
+
+def test_the_run_layout_check_finds_a_spelled_name(tmp_path, monkeypatch):
+    (tmp_path / "longctx").mkdir()
+    (tmp_path / "longctx" / "sweep.py").write_text('SUMMARY = "summary.json"\n"""docs: summary.json"""\n')
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert spelled_run_file_names(tmp_path / "longctx") == ["longctx/sweep.py:1 summary.json"]
+
+
+def test_the_run_layout_imports_neither_lightning_nor_torch():
+    path = REPO / "longctx" / "run_layout.py"
+    assert lightning_imports(path) == {}
+    assert not {m for m in imported_modules(path) if m.split(".")[0] in ("torch", "numpy")}

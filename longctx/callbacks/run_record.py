@@ -45,9 +45,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from longctx.atomic import write_json_atomic, write_text_atomic
 from longctx.callbacks.divergence import DivergenceError
 from longctx.callbacks.progress import scored_tokens
+from longctx.run_layout import METRICS, SUMMARY
 
-SUMMARY = "summary.json"
-METRICS = "metrics.jsonl"
 EVAL_PREFIXES = ("val/", "test/")
 
 

@@ -35,6 +35,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from longctx.run_layout import LAST_CHECKPOINT, checkpoint_dir
+
 EXIT_CODE = 128 + signal.SIGTERM
 SIGINT_EXIT_CODE = 128 + signal.SIGINT
 
@@ -98,7 +100,7 @@ def sigterm_checkpoint_path(trainer: pl.Trainer) -> str:
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             return os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION)
-    return os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+    return str(checkpoint_dir(trainer.default_root_dir) / LAST_CHECKPOINT)
 
 
 @contextmanager

@@ -33,8 +33,9 @@ from longctx.atomic import atomic_path
 from longctx.core.base import LMBase
 from longctx.core.token_nll import TokenNLLCollector
 from longctx.data.datamodule import LMDataModule
+from longctx.run_layout import TOKEN_NLL
 
-TOKEN_NLL_FILE = "token_nll.npz"
+TOKEN_NLL_FILE = TOKEN_NLL  # the run directory's name for it (`longctx.run_layout`)
 
 
 class TokenNLLWriter(pl.Callback):

@@ -23,7 +23,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from longctx.atomic import write_json_atomic, write_text_atomic
-from longctx.callbacks.run_record import SUMMARY
+from longctx.run_layout import SUMMARY
 
 ROWS_KEY = "overlaps"
 SOURCE_KEY = "overlaps_of"

@@ -1,0 +1,39 @@
+"""The run directory's layout, in one place: what every command writes where (no Lightning, no torch).
+
+    <root>/<run_name>/          the run directory (`run_directory`; root `runs` unless
+                                `trainer.default_root_dir` names another); the trainer's `default_root_dir`
+        .lock                   held by the one command that runs there (`longctx.run_lock`)
+        config.yaml             the resolved configuration of the last subcommand (LightningCLI)
+        summary.json            how each subcommand ended, its command line and metrics (`RunRecord`)
+        metrics.jsonl           one line per validation during `fit` (`RunRecord`)
+        token_nll.npz           every scored target's NLL, with `--write_token_nll true` (`TokenNLLWriter`)
+        checkpoints/            the ModelCheckpoint callbacks' folder (`checkpoint_dir`)
+            last.ckpt           what `--ckpt_path last` and SIGTERM/Ctrl-C resume from
+
+The CLI, the sweep runner, the run record, the run lock, `report` and `context` all take these names
+from here, so a file moves by changing one line. Method-specific files (e.g. recurrence's
+`overlaps_<split>.csv`) are named by their method.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_ROOT = "runs"
+LOCK = ".lock"
+CONFIG = "config.yaml"
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+TOKEN_NLL = "token_nll.npz"
+CHECKPOINTS = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+
+
+def run_directory(root: str | Path | None, run_name: str) -> Path:
+    """`<root>/<run_name>`, the root `runs` when none is given (`trainer.default_root_dir` unset)."""
+    return Path(root or DEFAULT_ROOT) / run_name
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    """Where a run's ModelCheckpoint callbacks write unless their config names a `dirpath`."""
+    return Path(run_dir) / CHECKPOINTS
