@@ -63,11 +63,11 @@ from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoints.fit_check import check_checkpoint_fits
 from longctx.checkpoints.saving import DiskFullError, use_atomic_checkpoints
+from longctx.commands import TRAINER_COMMANDS, load
 from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.errors import debug_enabled, exit_with_error
-from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.parse_errors import OneLineParser, ParseError
 from longctx.run_layout import CONFIG, checkpoint_dir, run_directory
 from longctx.run_lock import RunDirectoryBusy, lock_if_launching
@@ -216,7 +216,9 @@ class LongCtxTrainer(Trainer):
         split: Literal["valid", "test"] = "test",
     ) -> list[dict[str, float]]:
         """Evaluate one checkpoint at several window overlaps (Yoshida et al. 2020, §4.2); see
-        `longctx.methods.recurrence.overlaps` (table, figure, W&B). Returns one row per overlap."""
+        `longctx.methods.recurrence.overlaps` (table, figure, W&B), which the command table names
+        (`longctx.commands.TRAINER_COMMANDS`). Returns one row per overlap."""
+        evaluate_overlaps = load(TRAINER_COMMANDS["evaluate_overlaps"])
         return evaluate_overlaps(self, model, datamodule, ckpt_path, overlaps, split)
 
 
@@ -257,7 +259,7 @@ class LongCtxCLI(LightningCLI):
     def subcommands() -> dict[str, set[str]]:
         """fit, validate, test and evaluate_overlaps (`predict` is not offered: see the module doc)."""
         commands = {name: args for name, args in LightningCLI.subcommands().items() if name != "predict"}
-        return {**commands, "evaluate_overlaps": {"model", "datamodule"}}
+        return {**commands, **{name: {"model", "datamodule"} for name in TRAINER_COMMANDS}}
 
     def _run_subcommand(self, subcommand: str) -> None:
         self._add_token_nll_writer(subcommand)
@@ -469,7 +471,8 @@ USER_ERRORS = (ConfigError, ParseError, DataError, DiskFullError, RunDirectoryBu
 
 
 def main(args: list[str] | None = None) -> LongCtxCLI:
-    """Entry point of `python -m longctx` and of the `longctx` script; bad input exits with one line."""
+    """LightningCLI's commands (fit, validate, test, evaluate_overlaps; `longctx.commands` routes them
+    here, for `python -m longctx` and the `longctx` script); bad input exits with one line."""
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["predict"]:
         sys.exit(

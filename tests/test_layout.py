@@ -157,3 +157,39 @@ def test_the_run_layout_imports_neither_lightning_nor_torch():
     path = REPO / "longctx" / "run_layout.py"
     assert lightning_imports(path) == {}
     assert not {m for m in imported_modules(path) if m.split(".")[0] in ("torch", "numpy")}
+
+
+# Shared modules that still reach methods: the `context` command's per-method axes (each axis names
+# the module class it applies to). Everything else outside `longctx/methods/` imports no method.
+REACHES_METHODS = {"longctx/diagnostics/axes.py", "longctx/context.py"}
+
+
+def method_imports(root: Path) -> list[str]:
+    """The method modules (`longctx/methods/<method>/...`) `root` reaches, directly or transitively."""
+    seen, todo = set(), [root]
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(p for m in imported_modules(path) if (p := source_of(m)) is not None)
+    methods = REPO / "longctx" / "methods"
+    return sorted(str(p.relative_to(REPO)) for p in seen if p.parent != methods and methods in p.parents)
+
+
+SHARED = sorted(
+    p for p in (REPO / "longctx").rglob("*.py") if "methods" not in p.relative_to(REPO / "longctx").parts
+)
+
+
+@pytest.mark.parametrize("path", SHARED, ids=lambda p: str(p.relative_to(REPO / "longctx")))
+def test_shared_code_imports_no_method(path):
+    """The generic CLI, the command table, the checkpoints and the base work for any method: a method
+    is reached through a table of import paths (`commands.py`, `checkpoints/convert.py`), never imported."""
+    if str(path.relative_to(REPO)) in REACHES_METHODS:
+        assert method_imports(path) != []  # drop it from REACHES_METHODS when it no longer does
+    else:
+        assert method_imports(path) == []
+
+
+def test_the_method_import_check_sees_through_other_modules():
+    assert "longctx/methods/window_transformer/module.py" in method_imports(REPO / "longctx" / "context.py")
