@@ -16,20 +16,27 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 LIGHTNING_CLI = "longctx.cli:main"
 
-# command -> "module:function" called with the arguments after the command (LightningCLI's
-# subcommands: with all of them, the command included).
-COMMANDS: dict[str, str] = {
-    "fit": LIGHTNING_CLI,
-    "validate": LIGHTNING_CLI,
-    "test": LIGHTNING_CLI,
-    "evaluate_overlaps": LIGHTNING_CLI,
-    "convert": "longctx.checkpoints.convert:main",
-    "report": "longctx.report:main",
-    "context": "longctx.context:main",
+
+class Command(NamedTuple):
+    """target: "module:function", called with the arguments after the command (LightningCLI's
+    subcommands: with all of them, the command included); summary: its line in `longctx --help`."""
+
+    target: str
+    summary: str
+
+
+COMMANDS: dict[str, Command] = {
+    "fit": Command(LIGHTNING_CLI, "train a model (--config C) in runs/<run_name>/"),
+    "validate": Command(LIGHTNING_CLI, "evaluate a checkpoint on the validation split (--ckpt_path P)"),
+    "test": Command(LIGHTNING_CLI, "evaluate a checkpoint on the test split (--ckpt_path P)"),
+    "evaluate_overlaps": Command(LIGHTNING_CLI, "evaluate a windowed GPT-2 checkpoint at several overlaps"),
+    "convert": Command("longctx.checkpoints.convert:main", "the authors' released checkpoints as ours"),
+    "report": Command("longctx.report:main", "table and figures from finished run directories"),
+    "context": Command("longctx.context:main", "checkpoints under a sweep of the context they may use"),
 }
 
 # LightningCLI subcommands a method adds: name -> "module:function(trainer, model, datamodule,
@@ -45,13 +52,31 @@ def load(target: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), function)
 
 
+def usage() -> str:
+    """`longctx --help`: every command of the table, one line each."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items()]
+    return "\n".join(
+        ["usage: longctx COMMAND ... (or python -m longctx COMMAND ...)", "", "commands:", *lines, "",
+         "`longctx COMMAND --help` shows a command's options."]
+    )  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> Any:
     """Entry point of `python -m longctx` and of the `longctx` script: run the command `argv` names.
 
-    Anything that is not a table command other than LightningCLI's (a flag such as `--help`, an unknown
-    word) goes to LightningCLI, which lists its subcommands or answers in one line."""
+    No command, or a word that is none, is one line naming the commands; a leading flag other than
+    --help (LightningCLI's `-c CONFIG fit ...`) goes to LightningCLI."""
     args = list(sys.argv[1:] if argv is None else argv)
-    target = COMMANDS.get(args[0] if args else "", LIGHTNING_CLI)
-    if target == LIGHTNING_CLI:
+    if args[:1] in (["-h"], ["--help"]):
+        print(usage())
+        sys.exit(0)
+    if not args:
+        sys.exit(f"error: name a command: {', '.join(COMMANDS)} (`longctx --help` says what each does)")
+    name = args[0]
+    if name not in COMMANDS and not name.startswith("-") and name != "predict":
+        sys.exit(f"error: unknown command {name!r}; commands: {', '.join(COMMANDS)}")
+    target = COMMANDS[name].target if name in COMMANDS else LIGHTNING_CLI
+    if target == LIGHTNING_CLI:  # its subcommands, a leading flag (`-c CONFIG fit`), predict (cli.py says no)
         return load(target)(None if argv is None else args)
     return load(target)(args[1:])

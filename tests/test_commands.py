@@ -36,12 +36,12 @@ def test_the_table_holds_every_command_and_lightning_cli_s_subcommands():
 
     assert set(commands.COMMANDS) == LIGHTNING_SUBCOMMANDS | {"convert", "report", "context"}
     assert set(LongCtxCLI.subcommands()) == LIGHTNING_SUBCOMMANDS
-    assert all(callable(commands.load(target)) for target in commands.COMMANDS.values())
+    assert all(callable(commands.load(command.target)) for command in commands.COMMANDS.values())
 
 
 @pytest.mark.parametrize("name", sorted(commands.COMMANDS))
 def test_each_command_reaches_its_function_with_its_arguments(name, monkeypatch):
-    module, _, function = commands.COMMANDS[name].partition(":")
+    module, _, function = commands.COMMANDS[name].target.partition(":")
     calls = []
     monkeypatch.setattr(importlib.import_module(module), function, lambda argv: calls.append(argv))
     commands.main([name, "--flag", "value"])
@@ -71,6 +71,28 @@ def test_a_method_command_is_run_by_the_trainer_through_the_table(monkeypatch):
     trainer = LongCtxTrainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
     assert trainer.evaluate_overlaps("model", "data", None, [0, 5], "valid") == ["rows"]
     assert calls == [(trainer, "model", "data", None, [0, 5], "valid")]
+
+
+def test_help_lists_every_command_and_a_wrong_one_is_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        commands.main(["--help"])
+    assert info.value.code == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert listed == list(commands.COMMANDS)
+    names = ", ".join(commands.COMMANDS)
+    for argv, message in (
+        (["tset"], f"error: unknown command 'tset'; commands: {names}"),
+        ([], f"error: name a command: {names} (`longctx --help` says what each does)"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            commands.main(argv)
+        assert info.value.code == message
+
+
+def test_predict_still_gets_the_cli_s_reason():
+    with pytest.raises(SystemExit) as info:
+        commands.main(["predict", "--config", "c.yaml"])
+    assert str(info.value.code).startswith("error: predict is not offered: ")
 
 
 HELP_OF_EVERY_COMMAND = """
