@@ -48,6 +48,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from longctx.callbacks import CheckpointOnSigterm, ProgressLog, RunRecord, recorded
 from longctx.checkpoint_fit import check_checkpoint_fits
 from longctx.data.datamodule import LMDataModule
+from longctx.data.download import DataError
 from longctx.methods.recurrence.overlaps import evaluate_overlaps
 from longctx.models.base import LMBase
 
@@ -369,5 +370,5 @@ def main(args: list[str] | None = None) -> LongCtxCLI:
         )
     try:
         return LongCtxCLI(args=args, parser_kwargs=PARSER_KWARGS)
-    except ConfigError as err:
+    except (ConfigError, DataError) as err:  # DataError: a corpus file missing, corrupt or too short
         sys.exit(f"error: {err}")

@@ -51,6 +51,7 @@ from longctx.data.download import (
     verify,
     verify_member,
 )
+from longctx.data.text_files import decode_text
 from longctx.data.tokenize import (
     BPEEncoder,
     ByteEncoder,
@@ -89,7 +90,9 @@ class CorpusSpec:
     book). mirror: base URL of a mirror with the same file names (`<mirror>/<archive>.zip`,
     `<mirror>/gpt2/*`, `<mirror>/pg19/<folder>/*.txt`, `<mirror>/pg19-listing`). vocab_file: a
     word vocabulary to tokenize with instead of building one (one symbol per line, id = line
-    number; e.g. a released checkpoint's, written by `python -m longctx convert`).
+    number; e.g. a released checkpoint's, written by `python -m longctx convert`). files: the file
+    of each split of `text_files` (the fingerprint holds their content digests, so an edited file
+    gets a new cache: never stale ids).
     """
 
     name: str
@@ -102,6 +105,7 @@ class CorpusSpec:
     max_eval_document_tokens: int | None = None
     mirror: str | None = None
     vocab_file: Path | None = None
+    files: dict[str, Path] | None = None
 
     @property
     def corpus(self) -> Corpus:
@@ -131,7 +135,15 @@ class CorpusSpec:
         }
         if self.vocab_file is not None:  # the ids depend on the imported vocabulary's content
             key["vocab_file"] = hashlib.sha1(self.vocab_file.read_bytes()).hexdigest()
+        if corpus.user_files:  # the ids depend on the files' content, not on their names
+            key["files"] = {split: source_digest(file) for split, file in self.user_files().items()}
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    def user_files(self) -> dict[str, Path]:
+        """The file of each split of a `text_files` corpus."""
+        if self.files is None:
+            raise DataError(f"{self.name}: no data.files given")
+        return self.files
 
     @property
     def path(self) -> Path:
@@ -190,6 +202,8 @@ def _build(spec: CorpusSpec, path: Path) -> Path:
         meta = _tokenize_words(spec, path)
     elif corpus.documents:
         meta = _tokenize_documents(spec, path)
+    elif corpus.user_files:
+        meta = _tokenize_text_files(spec, path)
     else:
         meta = _tokenize_raw_files(spec, path)
     meta.update(
@@ -251,6 +265,23 @@ def _file_records(path: Path) -> dict[str, dict[str, int | str]]:
         and ".part-" not in file.name
         and ".raw-" not in file.name
     }
+
+
+_SOURCE_DIGESTS: dict[tuple[str, int, int, int], str] = {}  # (file, size, mtime_ns, inode) -> digest
+
+
+def source_digest(path: Path) -> str:
+    """blake2b of a user's text file (`text_files`), computed once per process per (size, mtime, inode).
+
+    The token cache is keyed by this digest, not by name, size and mtime: a file rewritten with the
+    same size within the clock's resolution, or copied with its old mtime (`cp -p`, `rsync -t`), is
+    still re-tokenized. The cost is one read of the file per process (blake2b, ~260 MB/s here).
+    """
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _SOURCE_DIGESTS:
+        _SOURCE_DIGESTS[key] = file_digest(path)
+    return _SOURCE_DIGESTS[key]
 
 
 def cache_problem(path: Path) -> str | None:
@@ -532,6 +563,29 @@ def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
         }
     _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
     return {"vocab_size": encoder.vocab_size, "splits": splits}
+
+
+def _tokenize_text_files(spec: CorpusSpec, path: Path) -> dict:
+    """The user's files (`text_files`): each file read once, checked against the digest its cache is
+    keyed by (a file edited while it was read would otherwise cache ids under the old content's key),
+    tokenized whole (bytes: id i = byte i of the file), with word counts per split."""
+    encoder = raw_text_encoder(spec)
+    encoded: dict[Path, tuple[np.ndarray, dict[str, int]]] = {}
+    splits, sources = {}, {}
+    for split, file in spec.user_files().items():
+        expected = source_digest(file)
+        if file.resolve() not in encoded:
+            data = file.read_bytes()
+            if hashlib.blake2b(data, digest_size=16).hexdigest() != expected:
+                raise DataError(f"data.files {split}: {file} changed while it was being read; run again")
+            text = decode_text(file, data)
+            encoded[file.resolve()] = (encoder.encode(text), count_words(text))
+        tokens, n_words = encoded[file.resolve()]
+        _save(path / f"{split}.npy", tokens)
+        splits[split] = _split_info(tokens, n_words=n_words)
+        sources[split] = {"path": str(file.resolve()), "size": file.stat().st_size, "blake2b": expected}
+    _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
+    return {"vocab_size": encoder.vocab_size, "splits": splits, "text_files": sources}
 
 
 def _book_ids(
