@@ -267,18 +267,18 @@ def _file_records(path: Path) -> dict[str, dict[str, int | str]]:
     }
 
 
-_SOURCE_DIGESTS: dict[tuple[str, int, int, int], str] = {}  # (file, size, mtime_ns, inode) -> digest
+_SOURCE_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}  # (file, size, mtime, ctime, inode)
 
 
 def source_digest(path: Path) -> str:
-    """blake2b of a user's text file (`text_files`), computed once per process per (size, mtime, inode).
+    """blake2b of a user's text file (`text_files`), once per process per (size, mtime, ctime, inode).
 
     The token cache is keyed by this digest, not by name, size and mtime: a file rewritten with the
     same size within the clock's resolution, or copied with its old mtime (`cp -p`, `rsync -t`), is
     still re-tokenized. The cost is one read of the file per process (blake2b, ~260 MB/s here).
     """
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
     if key not in _SOURCE_DIGESTS:
         _SOURCE_DIGESTS[key] = file_digest(path)
     return _SOURCE_DIGESTS[key]

@@ -8,6 +8,7 @@ block of rows.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,8 @@ from longctx.data.cache import (
 from longctx.data.corpora import get_corpus
 from longctx.data.streams import SegmentStream, Wrap
 from longctx.data.text_files import check_split_tokens, check_text_files
+
+log = logging.getLogger(__name__)
 
 
 def default_root() -> Path:
@@ -115,9 +118,10 @@ class LMDataModule(pl.LightningDataModule):
         if files is not None and not self.info.user_files:
             raise ValueError(f"data.files applies to corpus text_files; {corpus} reads its own files")
         if self.info.user_files and split_sources is not None:
-            raise ValueError(
-                "corpus text_files takes no split_sources: data.files says which file feeds each split"
-            )
+            # A config written for another corpus (e.g. the tiny recipes' {train: valid, ...}) must
+            # still run on the user's files: their mapping is data.files.
+            log.warning("data.split_sources is ignored by corpus text_files: data.files maps splits to files")
+            split_sources = None
         if train_wrap == "random_offset" and (mode != "segments" or self.info.documents):
             raise ValueError(
                 "data.train_wrap: random_offset (adaptive-span's wrap-around) needs mode: segments on a "
