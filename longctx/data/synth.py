@@ -208,7 +208,7 @@ def generate(settings: SynthSettings, out_dir: Path) -> dict[str, dict[str, int]
         far = distances >= settings.gap
         write_text_atomic(out_dir / f"{split}.txt", built.text())
         with atomic_path(out_dir / f"{split}{MARKS_SUFFIX}") as tmp, open(tmp, "wb") as f:
-            np.savez(
+            np.savez_compressed(
                 f,
                 offset=offsets[far],
                 distance=distances[far],
