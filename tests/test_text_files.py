@@ -11,6 +11,7 @@ from tokenizers import ByteLevelBPETokenizer
 
 from longctx.cli import main as cli_main
 from longctx.data import cache
+from longctx.data.__main__ import main as data_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.data.text_files import TextFileError
@@ -193,3 +194,15 @@ def test_the_cli_reports_a_missing_file_in_one_line(tmp_path, monkeypatch):
     assert exit_info.value.code == (
         f"error: data: LMDataModule: data.files train: missing.txt does not exist (relative to {tmp_path})"
     )
+
+
+def test_prepare_builds_the_cache_of_text_files(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text(TEXT, encoding="utf-8")
+    files = f"{{train: {tmp_path / 'a.txt'}, valid: {tmp_path / 'a.txt'}, test: {tmp_path / 'a.txt'}}}"
+    cache_dir = tmp_path / "cache"
+    data_main(
+        ["prepare", "text_files", "--files", files, "--tokenizer", "bytes", "--cache_dir", str(cache_dir)]
+    )
+    printed = capsys.readouterr().out
+    assert f"text_files: vocabulary 256, cache {cache_dir}/text_files-" in printed
+    assert f"  test  {len(TEXT.encode()):>14,d} tokens (uint8)" in printed

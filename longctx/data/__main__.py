@@ -41,6 +41,9 @@ CACHE_OPTIONS = (
     "vocab_file",
     "files",
 )
+# The batch shape a config reads: `text_files` checks that each file fills one batch of it (without a
+# config, one token of one row: any non-empty file).
+BATCH_OPTIONS = ("batch_size", "tgt_len", "eval_batch_size", "eval_tgt_len")
 
 
 def config_data(configs: list[str]) -> dict[str, Any]:
@@ -92,8 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.corpus is None and not args.config:
         parser.error("name a corpus or give --config")
 
-    settings = config_data(args.config) if args.config else {}
-    settings = {key: value for key, value in settings.items() if key in CACHE_OPTIONS and value is not None}
+    settings = config_data(args.config) if args.config else {"batch_size": 1, "tgt_len": 1}
+    options = CACHE_OPTIONS + BATCH_OPTIONS
+    settings = {key: value for key, value in settings.items() if key in options and value is not None}
     flags = {key: getattr(args, key) for key in CACHE_OPTIONS if getattr(args, key, None) is not None}
     data = LMDataModule(**{**settings, **flags, "download": args.download})
     data.prepare_data()
