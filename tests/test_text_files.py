@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,3 +207,23 @@ def test_prepare_builds_the_cache_of_text_files(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"text_files: vocabulary 256, cache {cache_dir}/text_files-" in printed
     assert f"  test  {len(TEXT.encode()):>14,d} tokens (uint8)" in printed
+
+
+def test_a_file_edited_between_naming_the_cache_and_reading_it_is_refused(tmp_path, monkeypatch):
+    """The cache folder is named by the content digest before the file is read: ids of newer content
+    must never be stored under the older content's name."""
+    path = tmp_path / "a.txt"
+    path.write_text("x" * 64, encoding="utf-8")
+    files = {"train": "a.txt", "valid": "a.txt", "test": "a.txt"}
+    read_bytes = Path.read_bytes
+
+    def edited_just_before_reading(self: Path) -> bytes:
+        if self == path:
+            path.write_text("y" * 80, encoding="utf-8")
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", edited_just_before_reading)
+    with pytest.raises(
+        DataError, match=r"^data\.files train: .*a\.txt changed while it was being read; run again$"
+    ):
+        text_files(tmp_path, files, tokenizer="bytes")

@@ -567,23 +567,23 @@ def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
 
 def _tokenize_text_files(spec: CorpusSpec, path: Path) -> dict:
     """The user's files (`text_files`): each file read once, checked against the digest its cache is
-    keyed by (a file edited while it was read would otherwise cache ids under the old content's key),
-    tokenized whole (bytes: id i = byte i of the file), with word counts per split."""
+    keyed by (a file edited since `path` was named would otherwise cache new ids under the old
+    content's key), tokenized whole (bytes: id i = byte i of the file), with word counts per split."""
     encoder = raw_text_encoder(spec)
     encoded: dict[Path, tuple[np.ndarray, dict[str, int]]] = {}
     splits, sources = {}, {}
     for split, file in spec.user_files().items():
-        expected = source_digest(file)
         if file.resolve() not in encoded:
             data = file.read_bytes()
-            if hashlib.blake2b(data, digest_size=16).hexdigest() != expected:
+            read_digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+            if read_digest != source_digest(file) or spec.path != path:
                 raise DataError(f"data.files {split}: {file} changed while it was being read; run again")
             text = decode_text(file, data)
             encoded[file.resolve()] = (encoder.encode(text), count_words(text))
         tokens, n_words = encoded[file.resolve()]
         _save(path / f"{split}.npy", tokens)
         splits[split] = _split_info(tokens, n_words=n_words)
-        sources[split] = {"path": str(file.resolve()), "size": file.stat().st_size, "blake2b": expected}
+        sources[split] = {"path": str(file.resolve()), "blake2b": source_digest(file)}
     _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
     return {"vocab_size": encoder.vocab_size, "splits": splits, "text_files": sources}
 
