@@ -51,7 +51,6 @@ from longctx.data.download import (
     verify,
     verify_member,
 )
-from longctx.data.text_files import decode_text
 from longctx.data.tokenize import (
     BPEEncoder,
     ByteEncoder,
@@ -586,6 +585,18 @@ def _tokenize_text_files(spec: CorpusSpec, path: Path) -> dict:
         sources[split] = {"path": str(file.resolve()), "blake2b": source_digest(file)}
     _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
     return {"vocab_size": encoder.vocab_size, "splits": splits, "text_files": sources}
+
+
+def decode_text(path: Path, data: bytes) -> str:
+    """The file's text; a file that is not UTF-8 is an error naming the first bad byte's offset."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = data[err.start : err.start + 1]
+        raise DataError(
+            f"data.files: {path} is not UTF-8 text (byte {err.start:,} is {bad!r}); convert it, e.g. "
+            "`iconv -f latin1 -t utf-8`"
+        ) from err
 
 
 def _book_ids(

@@ -41,10 +41,10 @@ from typing import Literal
 import numpy as np
 
 from longctx.atomic import atomic_path, write_json_atomic, write_text_atomic
+from longctx.data.cache import SPLITS
 
 Task = Literal["copy", "recall"]
 TASKS: tuple[Task, ...] = ("copy", "recall")
-SPLITS = ("train", "valid", "test")
 MARKS_SUFFIX = ".marks.npz"
 
 # 278 concrete English nouns of 3-8 lower-case letters; none is a cue word (remember, again, recall,

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from longctx.data.cache import SPLITS
 from longctx.data.download import DataError
-
-SPLITS = ("train", "valid", "test")
 
 
 class TextFileError(DataError, ValueError):
@@ -78,15 +77,3 @@ def _readable_size(split: str, path: Path) -> int:
     except OSError as err:
         raise TextFileError(f"data.files {split}: cannot read {path} ({err.strerror or err})") from err
     return path.stat().st_size
-
-
-def decode_text(path: Path, data: bytes) -> str:
-    """The file's text; a file that is not UTF-8 is an error naming the first bad byte's offset."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        bad = data[err.start : err.start + 1]
-        raise DataError(
-            f"data.files: {path} is not UTF-8 text (byte {err.start:,} is {bad!r}); convert it, e.g. "
-            "`iconv -f latin1 -t utf-8`"
-        ) from err
