@@ -227,3 +227,15 @@ def test_a_file_edited_between_naming_the_cache_and_reading_it_is_refused(tmp_pa
         DataError, match=r"^data\.files train: .*a\.txt changed while it was being read; run again$"
     ):
         text_files(tmp_path, files, tokenizer="bytes")
+
+
+def test_a_recipes_split_sources_do_not_reroute_the_files(tmp_path, caplog):
+    """The tiny recipes set split_sources for their own corpus ({train: valid, ...}); on text_files
+    each split must still read its own file."""
+    (tmp_path / "a.txt").write_text(TEXT, encoding="utf-8")
+    (tmp_path / "b.txt").write_text(TEXT[::-1], encoding="utf-8")
+    sources = {"train": "valid", "valid": "test", "test": "test"}
+    files = {"train": "a.txt", "valid": "b.txt", "test": "b.txt"}
+    data = text_files(tmp_path, files, tokenizer="bytes", split_sources=sources)
+    assert bytes(data.corpus.split("train").tokens) == TEXT.encode()
+    assert "data.split_sources is ignored by corpus text_files" in caplog.text
