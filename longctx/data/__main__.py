@@ -1,7 +1,10 @@
-"""`python -m longctx.data prepare`: download, verify and tokenize a corpus ahead of a job.
+"""`python -m longctx.data prepare`: download, verify and tokenize a corpus ahead of a job;
+`python -m longctx.data synth`: write a synthetic long-range task (`longctx.data.synth`).
 
     python -m longctx.data prepare --config configs/transformer_xl_tiny.yaml   # what a config reads
     python -m longctx.data prepare wikitext103 --root /data/longctx            # one corpus
+    python -m longctx.data prepare text_files --files '{train: a.txt, valid: b.txt, test: b.txt}'
+    python -m longctx.data synth copy --out data/copy --gap 160                # docs/long_range.md
 
 With `--config` (repeatable, composed as `python -m longctx fit` composes them) the corpus, root,
 split sources and tokenizer are the config's own `data:` settings, resolved by the CLI's parser, so
@@ -16,9 +19,15 @@ behind.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from longctx.data import synth
 from longctx.data.corpora import CORPORA
 from longctx.data.datamodule import SPLITS, LMDataModule
 from longctx.data.download import DataError
@@ -36,7 +45,11 @@ CACHE_OPTIONS = (
     "max_eval_document_tokens",
     "mirror",
     "vocab_file",
+    "files",
 )
+# The batch shape a config reads: `text_files` checks that each file fills one batch of it (without a
+# config, one token of one row: any non-empty file).
+BATCH_OPTIONS = ("batch_size", "tgt_len", "eval_batch_size", "eval_tgt_len")
 
 
 def config_data(configs: list[str]) -> dict[str, Any]:
@@ -82,15 +95,22 @@ def main(argv: list[str] | None = None) -> None:
     )
     prepare.add_argument("--max_train_documents", type=int, help="PG-19: first N train books")
     prepare.add_argument("--max_eval_document_tokens", type=int, help="PG-19: first K tokens per eval book")
+    prepare.add_argument(
+        "--files", type=yaml.safe_load, help="text_files: '{train: a.txt, valid: b.txt, test: b.txt}'"
+    )
+    add_synth_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "synth":
+        run_synth(args)
+        return
     if args.corpus is None and not args.config:
         prepare.error("name a corpus or give --config")
 
     # A config the parser refuses (ParseError), bad settings, missing or corrupt corpus files: one line.
     with reported_as_one_line(ValueError, DataError):
-        settings = config_data(args.config) if args.config else {}
-        settings = {key: value for key, value in settings.items() if key in CACHE_OPTIONS}
-        settings = {key: value for key, value in settings.items() if value is not None}
+        settings = config_data(args.config) if args.config else {"batch_size": 1, "tgt_len": 1}
+        options = CACHE_OPTIONS + BATCH_OPTIONS
+        settings = {key: value for key, value in settings.items() if key in options and value is not None}
         flags = {key: getattr(args, key) for key in CACHE_OPTIONS if getattr(args, key, None) is not None}
         data = LMDataModule(**{**settings, **flags, "download": args.download})
         data.prepare_data()
@@ -99,6 +119,45 @@ def main(argv: list[str] | None = None) -> None:
     for split in SPLITS:
         tokens = data.corpus.split(split).tokens
         print(f"  {split:5s} {len(tokens):>14,d} tokens ({tokens.dtype})")
+
+
+def add_synth_parser(commands: argparse._SubParsersAction) -> None:
+    defaults = synth.SynthSettings("copy")
+    parser = commands.add_parser(
+        "synth", help="write a synthetic long-range task: train/valid/test text + marks of long-range bytes"
+    )
+    parser.add_argument("task", choices=synth.TASKS, help="copy: a passage repeated; recall: key -> value")
+    parser.add_argument("--out", required=True, type=Path, help="folder for the files (created)")
+    parser.add_argument(
+        "--gap", type=int, default=defaults.gap, help="G: marked bytes are >= G bytes from their source"
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--train_bytes", type=int, default=defaults.train_bytes, help="size of train")
+    parser.add_argument("--eval_bytes", type=int, default=defaults.eval_bytes, help="size of valid and test")
+    parser.add_argument("--passage_words", type=int, default=defaults.passage_words, help="copy: words")
+    parser.add_argument("--pairs", type=int, default=defaults.pairs, help="recall: keys per episode")
+    parser.add_argument(
+        "--no_near_repeat",
+        dest="near_repeat",
+        action="store_false",
+        help="no immediate repeat/query (the short-range copy a tiny model learns first)",
+    )
+
+
+def run_synth(args: argparse.Namespace) -> None:
+    fields = ("task", "gap", "seed", "train_bytes", "eval_bytes", "passage_words", "pairs", "near_repeat")
+    try:
+        settings = synth.SynthSettings(**{name: getattr(args, name) for name in fields})
+        counts = synth.generate(settings, args.out)
+    except (ValueError, OSError) as err:
+        sys.exit(f"error: synth: {err}")
+    for split, count in counts.items():
+        print(
+            f"{args.out / f'{split}.txt'}: {count['bytes']:,} bytes, {count['marked']:,} marked "
+            f"(>= {settings.gap} back), {count['near']:,} answer bytes nearer"
+        )
+    files = ", ".join(f"{split}: {args.out / f'{split}.txt'}" for split in SPLITS)
+    print(f"train on it: --data.corpus text_files --data.files '{{{files}}}' --data.tokenizer bytes")
 
 
 if __name__ == "__main__":

@@ -96,7 +96,9 @@ class CorpusSpec:
     book). mirror: base URL of a mirror with the same file names (`<mirror>/<archive>.zip`,
     `<mirror>/gpt2/*`, `<mirror>/pg19/<folder>/*.txt`, `<mirror>/pg19-listing`). vocab_file: a
     word vocabulary to tokenize with instead of building one (one symbol per line, id = line
-    number; e.g. a released checkpoint's, written by `python -m longctx convert`).
+    number; e.g. a released checkpoint's, written by `python -m longctx convert`). files: the file
+    of each split of `text_files` (the fingerprint holds their content digests, so an edited file
+    gets a new cache: never stale ids).
     """
 
     name: str
@@ -109,6 +111,7 @@ class CorpusSpec:
     max_eval_document_tokens: int | None = None
     mirror: str | None = None
     vocab_file: Path | None = None
+    files: dict[str, Path] | None = None
 
     @property
     def corpus(self) -> Corpus:
@@ -140,7 +143,15 @@ class CorpusSpec:
             key["root"] = os.path.abspath(self.root)
         if self.vocab_file is not None:  # the ids depend on the imported vocabulary's content
             key["vocab_file"] = hashlib.sha1(self.vocab_file.read_bytes()).hexdigest()
+        if corpus.user_files:  # the ids depend on the files' content, not on their names
+            key["files"] = {split: source_digest(file) for split, file in self.user_files().items()}
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    def user_files(self) -> dict[str, Path]:
+        """The file of each split of a `text_files` corpus."""
+        if self.files is None:
+            raise DataError(f"{self.name}: no data.files given")
+        return self.files
 
     @property
     def path(self) -> Path:
@@ -148,8 +159,9 @@ class CorpusSpec:
 
     @property
     def reads_root(self) -> bool:
-        """Whether the corpus files come from the data root (every corpus but the shipped sample)."""
-        return self.name != SAMPLE
+        """Whether the corpus files come from the data root (every corpus but the shipped sample and
+        the user's own `text_files`, which are keyed by their content instead)."""
+        return self.name != SAMPLE and not self.corpus.user_files
 
 
 @dataclass
@@ -217,6 +229,8 @@ def _build(spec: CorpusSpec, path: Path) -> Path:
                 meta = _tokenize_words(spec, build)
             elif corpus.documents:
                 meta = _tokenize_documents(spec, build)
+            elif corpus.user_files:
+                meta = _tokenize_text_files(spec, build)
             else:
                 meta = _tokenize_raw_files(spec, build)
             meta.update(
@@ -311,6 +325,23 @@ def _file_records(path: Path) -> dict[str, dict[str, int | str]]:
         and ".part-" not in file.name
         and ".raw-" not in file.name
     }
+
+
+_SOURCE_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}  # (file, size, mtime, ctime, inode)
+
+
+def source_digest(path: Path) -> str:
+    """blake2b of a user's text file (`text_files`), once per process per (size, mtime, ctime, inode).
+
+    The token cache is keyed by this digest, not by name, size and mtime: a file rewritten with the
+    same size within the clock's resolution, or copied with its old mtime (`cp -p`, `rsync -t`), is
+    still re-tokenized. The cost is one read of the file per process (blake2b, ~260 MB/s here).
+    """
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+    if key not in _SOURCE_DIGESTS:
+        _SOURCE_DIGESTS[key] = file_digest(path)
+    return _SOURCE_DIGESTS[key]
 
 
 def cache_problem(path: Path) -> str | None:
@@ -616,6 +647,43 @@ def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
         }
     _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
     return {"vocab_size": encoder.vocab_size, "splits": splits}
+
+
+def _tokenize_text_files(spec: CorpusSpec, path: Path) -> dict:
+    """The user's files (`text_files`): each file read once, checked against the digest its cache is
+    keyed by (a file edited since `path` was named would otherwise cache new ids under the old
+    content's key), tokenized whole (bytes: id i = byte i of the file), with word counts per split."""
+    encoder = raw_text_encoder(spec)
+    encoded: dict[Path, tuple[np.ndarray, dict[str, int]]] = {}
+    splits, sources = {}, {}
+    for split, file in spec.user_files().items():
+        if file.resolve() not in encoded:
+            data = file.read_bytes()
+            read_digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+            # `path` is the build folder `.<cache name>.build-*` beside the cache `spec.path` names.
+            named_for_this_content = path.name.startswith(f".{spec.path.name}.build-")
+            if read_digest != source_digest(file) or not named_for_this_content:
+                raise DataError(f"data.files {split}: {file} changed while it was being read; run again")
+            text = decode_text(file, data)
+            encoded[file.resolve()] = (encoder.encode(text), count_words(text))
+        tokens, n_words = encoded[file.resolve()]
+        _save(path / f"{split}.npy", tokens)
+        splits[split] = _split_info(tokens, n_words=n_words)
+        sources[split] = {"path": str(file.resolve()), "blake2b": source_digest(file)}
+    _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
+    return {"vocab_size": encoder.vocab_size, "splits": splits, "text_files": sources}
+
+
+def decode_text(path: Path, data: bytes) -> str:
+    """The file's text; a file that is not UTF-8 is an error naming the first bad byte's offset."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = data[err.start : err.start + 1]
+        raise DataError(
+            f"data.files: {path} is not UTF-8 text (byte {err.start:,} is {bad!r}); convert it, e.g. "
+            "`iconv -f latin1 -t utf-8`"
+        ) from err
 
 
 def _book_ids(

@@ -66,7 +66,8 @@ class Corpus:
     split for single-file-per-split corpora; contiguous_split: for enwik8/text8, the one member cut
     90M/5M/5M. vocab_splits: splits whose words build the vocabulary (Transformer-XL counts train,
     valid and test for WikiText-2, train only for WikiText-103). count_words: keep word counts per
-    split (perplexity per word of a BPE model).
+    split (perplexity per word of a BPE model). user_files: the files are the user's own (`data.files`,
+    one UTF-8 text file per split), not a published archive.
     """
 
     name: str
@@ -80,6 +81,7 @@ class Corpus:
     documents: bool = False
     vocab_splits: tuple[str, ...] = ("train",)
     count_words: bool = False
+    user_files: bool = False
     description: str = ""
 
     @property
@@ -251,6 +253,16 @@ CORPORA: dict[str, Corpus] = {
             dirname="sample",
             contiguous_split="sample",
             description="a public-domain essay bundled with longctx (byte level, 90/5/5): no network",
+        ),
+        Corpus(
+            "text_files",
+            unit="bpe",
+            vocab_size=50_257,
+            dirname="",
+            count_words=True,
+            user_files=True,
+            description="your own UTF-8 text files, one per split (`data.files`; one file may feed "
+            "several splits), in GPT-2 BPE, another byte-level BPE, or bytes (token i = byte i)",
         ),
     )
 }

@@ -8,6 +8,7 @@ block of rows.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,9 @@ from longctx.data.cache import (
 )
 from longctx.data.corpora import get_corpus
 from longctx.data.streams import SegmentStream, Wrap
+from longctx.data.text_files import check_split_tokens, check_text_files
+
+log = logging.getLogger(__name__)
 
 
 def default_root() -> Path:
@@ -40,8 +44,10 @@ class LMDataModule(pl.LightningDataModule):
     """Memory-carrying streams over one corpus.
 
     Args:
-        corpus: enwik8, text8, wikitext103, wikitext2, wikitext103_raw, wikitext103_text, pg19 or sample
-            (docs/data.md).
+        corpus: enwik8, text8, wikitext103, wikitext2, wikitext103_raw, wikitext103_text, pg19, sample
+            or text_files (your own files, `files`) (docs/data.md).
+        files: text_files only: the UTF-8 text file of each split, `{train: a.txt, valid: b.txt,
+            test: b.txt}` (one file may feed several splits; checked here, see `text_files.py`).
         root: directory of the raw files (downloaded there if missing and `download`); may be
             read-only. Default: `$LONGCTX_DATA` or `~/.cache/longctx`.
         cache_dir: the folder token caches are written to (one sub-folder per corpus, data root and
@@ -56,9 +62,9 @@ class LMDataModule(pl.LightningDataModule):
         mode: "segments" (Transformer-XL, Adaptive Span) or "windows" (recurrence on GPT-2).
         overlap / eval_overlap: window overlap o in training / evaluation (window mode).
         windows_per_batch: K windows of each row per training batch (backprop through K windows).
-        tokenizer: how the text corpora (wikitext103_raw, wikitext103_text, pg19) are tokenized: `gpt2` (GPT-2
-            BPE), a local directory or hub id of a byte-level BPE, or `bytes` (byte level: what
-            Transformer-XL and Adaptive Span read to compare with GPT-2 on the same text).
+        tokenizer: how the text corpora (wikitext103_raw, wikitext103_text, pg19, text_files) are
+            tokenized: `gpt2` (GPT-2 BPE), a local directory or hub id of a byte-level BPE, or `bytes`
+            (byte level: what Transformer-XL and Adaptive Span read to compare with GPT-2 on the same text).
         max_train_documents / max_eval_document_tokens: PG-19 subset (paper: 1,250 and 15,000).
         shuffle_documents: deal training documents in a new seeded order every epoch.
         seed: seed of that order and of the `train_wrap` offsets.
@@ -98,6 +104,7 @@ class LMDataModule(pl.LightningDataModule):
         word_convention: Literal["whitespace_eos", "whitespace"] = "whitespace_eos",
         mirror: str | None = None,
         vocab_file: str | None = None,
+        files: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -109,8 +116,15 @@ class LMDataModule(pl.LightningDataModule):
         if tokenizer == BYTES_TOKENIZER and self.info.unit != "bpe":
             raise ValueError(
                 "data.tokenizer: bytes applies to the text corpora (wikitext103_raw, wikitext103_text, "
-                f"pg19); {corpus} has fixed {self.info.unit} tokens: drop the option"
+                f"pg19, text_files); {corpus} has fixed {self.info.unit} tokens: drop the option"
             )
+        if files is not None and not self.info.user_files:
+            raise ValueError(f"data.files applies to corpus text_files; {corpus} reads its own files")
+        if self.info.user_files and split_sources is not None:
+            # A config written for another corpus (e.g. the tiny recipes' {train: valid, ...}) must
+            # still run on the user's files: their mapping is data.files.
+            log.warning("data.split_sources is ignored by corpus text_files: data.files maps splits to files")
+            split_sources = None
         if train_wrap == "random_offset" and (mode != "segments" or self.info.documents):
             raise ValueError(
                 "data.train_wrap: random_offset (adaptive-span's wrap-around) needs mode: segments on a "
@@ -124,6 +138,10 @@ class LMDataModule(pl.LightningDataModule):
         if eval_overlap is not None:
             check_overlap("eval_overlap", eval_overlap, tgt_len if eval_tgt_len is None else eval_tgt_len)
         root_path = Path(root).expanduser() if root else default_root()
+        user_files = None
+        if self.info.user_files:
+            eval_shape = (eval_batch_size or batch_size, eval_tgt_len or tgt_len)
+            user_files = check_text_files(files, batch_tokens((batch_size, tgt_len), eval_shape))
         self.spec = CorpusSpec(
             name=corpus,
             root=root_path,
@@ -135,6 +153,7 @@ class LMDataModule(pl.LightningDataModule):
             max_eval_document_tokens=max_eval_document_tokens,
             mirror=mirror,
             vocab_file=Path(vocab_file).expanduser() if vocab_file else None,
+            files=user_files,
         )
         self.batch_size = batch_size
         self.tgt_len = tgt_len
@@ -190,7 +209,13 @@ class LMDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self._corpus is None:
-            self._corpus = load_corpus(self.spec)
+            corpus = load_corpus(self.spec)
+            if self.info.user_files:
+                eval_shape = (self.eval_batch_size, self.eval_tgt_len)
+                needs = batch_tokens((self.batch_size, self.tgt_len), eval_shape)
+                for split, file in self.spec.user_files().items():
+                    check_split_tokens(split, file, len(corpus.split(split).tokens), needs[split])
+            self._corpus = corpus
             for split, rate in self.out_of_vocabulary().items():
                 if rate["oov_tokens"]:
                     rank_zero_info(
@@ -280,3 +305,10 @@ def default_cache_dir() -> Path:
     if cache := os.environ.get("LONGCTX_CACHE"):
         return Path(cache).expanduser()
     return platformdirs.user_cache_path("longctx") / "tokens"
+
+
+def batch_tokens(train: tuple[int, int], evaluation: tuple[int, int]) -> dict[str, int]:
+    """Tokens one batch of each split reads, from (rows, segment or window length) of training and
+    evaluation: rows x length + 1 (the last target)."""
+    n_eval = evaluation[0] * evaluation[1] + 1
+    return {"train": train[0] * train[1] + 1, "valid": n_eval, "test": n_eval}
