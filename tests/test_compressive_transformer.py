@@ -256,7 +256,8 @@ def test_flops_counted_by_hand():
     scores and sum 3·8·10 = 240; output 8·8 = 64; feed-forward 2·8·16 = 256: 1104, + conv f_c
     8² = 64 per evicted state, one per token. Softmax 8·10 = 80."""
     args = dict(n_layers=2, d_model=8, n_heads=2, d_head=4, d_inner=16, vocab_size=10, segment_length=4)
-    assert macs_per_token(**args, mem_len=4, cmem_len=2, compression="conv", compression_rate=2) == 2 * 1168 + 80
+    conv = macs_per_token(**args, mem_len=4, cmem_len=2, compression="conv", compression_rate=2)
+    assert conv == 2 * 1168 + 80
     assert macs_per_token(**args, mem_len=4, cmem_len=2, compression="max_pool") == 2 * 1104 + 80
     dilated = macs_per_token(**args, mem_len=4, cmem_len=2, compression="dilated_conv", compression_rate=4)
     assert dilated == 2 * (1104 + 2 * 64 * 2) + 80
@@ -306,7 +307,8 @@ def test_gradient_norm_clipping_clips_the_main_network_and_f_c_apart():
 def test_lightning_fit_and_validate_log_the_reconstruction_and_compressed_attention(tmp_path):
     data = SyntheticData(n_tokens=401, batch_size=2, seq_len=8, eval_batch_size=2)
     model = tiny(reconstruction_weight=2.0)
-    cpu_trainer(tmp_path, max_steps=4, limit_val_batches=0, gradient_clip_val=0.25).fit(model, datamodule=data)
+    trainer = cpu_trainer(tmp_path, max_steps=4, limit_val_batches=0, gradient_clip_val=0.25)
+    trainer.fit(model, datamodule=data)
     metrics = cpu_trainer(tmp_path, limit_val_batches=6).validate(model, datamodule=data, verbose=False)[0]
     assert metrics["val/reconstruction_loss"] > 0 and 0 < metrics["val/compressed_mass"] < 1
     assert metrics["val/flops_per_token"] == model.flops_per_token(8)
