@@ -312,3 +312,24 @@ def test_lightning_fit_and_validate_log_the_reconstruction_and_compressed_attent
     metrics = cpu_trainer(tmp_path, limit_val_batches=6).validate(model, datamodule=data, verbose=False)[0]
     assert metrics["val/reconstruction_loss"] > 0 and 0 < metrics["val/compressed_mass"] < 1
     assert metrics["val/flops_per_token"] == model.flops_per_token(8)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        (dict(cmem_len=-1), "cmem_len must be >= 0"),
+        (dict(eval_mem_len=-2, eval_cmem_len=-1), "eval_mem_len, eval_cmem_len must be >= 0"),
+        (dict(compression_rate=0), r"compression_rate \(c\) must be >= 1, got 0"),
+        (dict(reconstruction="bptt"), "reconstruction must be 'attention' or 'autoencoding', got 'bptt'"),
+    ],
+)
+def test_bad_knobs_are_one_line_errors_naming_them(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(**knobs)
+
+
+def test_window_batches_are_refused_naming_the_data_mode():
+    windows = torch.zeros(2, 3, 4, dtype=torch.long)  # (B, K, T)
+    batch = {"input": windows, "target": windows}
+    with pytest.raises(ValueError, match=r"set data\.mode: segments"):
+        tiny().step(batch, tiny().init_memory(2))
