@@ -48,18 +48,9 @@ def macs_per_token(
     div_val: int = 1,
 ) -> float:
     """Multiply-accumulates per scored token (forward pass, steady state: full memories)."""
+    P = mem_len + cmem_len  # the attended memory slots
     xl = xl_macs_per_token(
-        n_layers=n_layers,
-        d_model=d_model,
-        n_heads=n_heads,
-        d_head=d_head,
-        d_inner=d_inner,
-        vocab_size=vocab_size,
-        segment_length=segment_length,
-        memory_length=mem_len + cmem_len,
-        cutoffs=cutoffs,
-        d_embed=d_embed,
-        div_val=div_val,
+        n_layers, d_model, n_heads, d_head, d_inner, vocab_size, segment_length, P, cutoffs, d_embed, div_val
     )
     if cmem_len == 0:
         return xl

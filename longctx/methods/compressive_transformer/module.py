@@ -19,6 +19,7 @@ averaged over layers, heads, queries and rows, and `compressed_mass_layer{i}`.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -30,7 +31,15 @@ from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.compression import CompressionKind
 from longctx.methods.compressive_transformer.memory import CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer, Reconstruction
+from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.models.base import LMBase, StepOutput
+
+# The arguments of `TransformerXL` that this module takes under the same names.
+XL_NETWORK_KNOBS = tuple(
+    name
+    for name in inspect.signature(TransformerXL).parameters
+    if name not in ("vocab_size", "layer_norm_eps")
+)
 
 
 class CompressiveTransformerLM(LMBase):
@@ -98,34 +107,18 @@ class CompressiveTransformerLM(LMBase):
             raise ValueError(f"{', '.join(negative)} must be >= 0")
         if compression_rate < 1:
             raise ValueError(f"compression_rate (c) must be >= 1, got {compression_rate}")
+        # Transformer-XL's network knobs are this module's arguments of the same names (one list of
+        # them per network is issue 21's `TransformerXL.Config`, not there yet).
+        xl_knobs = {k: self.hparams[k] for k in XL_NETWORK_KNOBS}
         self.net = CompressiveTransformer(
             vocab_size,
             compression=compression,
             compression_rate=compression_rate,
             reconstruction=reconstruction,
-            n_layers=n_layers,
-            d_model=d_model,
-            n_heads=n_heads,
-            d_inner=d_inner,
-            d_head=d_head,
-            d_embed=d_embed,
-            dropout=dropout,
-            dropatt=dropatt,
-            pre_lnorm=pre_lnorm,
-            cutoffs=cutoffs or [],
-            div_val=div_val,
-            tie_weight=tie_weight,
-            tie_projs=tie_projs,
-            init_std=init_std,
-            proj_init_std=proj_init_std,
-            untie_r=untie_r,
+            **{**xl_knobs, "cutoffs": cutoffs or []},
         )
-        self.mem_len, self.cmem_len, self.clamp_len, self.same_length = (
-            mem_len,
-            cmem_len,
-            clamp_len,
-            same_length,
-        )
+        self.mem_len, self.cmem_len = mem_len, cmem_len
+        self.clamp_len, self.same_length = clamp_len, same_length
         self.eval_mem_len = mem_len if eval_mem_len is None else eval_mem_len
         self.eval_cmem_len = cmem_len if eval_cmem_len is None else eval_cmem_len
         self.eval_clamp_len = clamp_len if eval_clamp_len is None else eval_clamp_len
