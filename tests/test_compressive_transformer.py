@@ -333,3 +333,14 @@ def test_window_batches_are_refused_naming_the_data_mode():
     batch = {"input": windows, "target": windows}
     with pytest.raises(ValueError, match=r"set data\.mode: segments"):
         tiny().step(batch, tiny().init_memory(2))
+
+
+def test_a_smaller_compressed_memory_applies_at_once():
+    _, ct = xl_and_compressive(compression="mean_pool", compression_rate=2)
+    memory = ct.empty_memory(2)
+    for x in segments(4):
+        memory = ct(x, memory, mem_len=4, cmem_len=3).memory
+    assert memory.compressed_valid.shape[1] == 3
+    x = segments(1, n=1)[0]  # nothing evicted: overflow 1 < c
+    assert ct(x, memory, mem_len=4, cmem_len=1).memory.compressed_valid.shape[1] == 1
+    assert ct(x, memory, mem_len=4, cmem_len=0).memory.compressed_valid.shape[1] == 0

@@ -161,12 +161,18 @@ class CompressiveTransformer(TransformerXL):
             )
             attns.append(attn)
         eviction = evict(memory, inputs, mem_len, self.compression_rate, compressing)
-        compressed, compressed_valid, new = memory.compressed, memory.compressed_valid, None
+        new = None
         if compressing and eviction.evicted_valid.shape[1] > 0:
             usage = [self._usage(a, n_cm, eviction) for a in attns] if need_usage else [None] * self.n_layers
             new = [f_c(old, u) for f_c, old, u in zip(self.compressors, eviction.evicted, usage)]
             new_valid = groups_valid(eviction.evicted_valid, self.compression_rate)
-            compressed, compressed_valid = append_compressed(memory, new, new_valid, cmem_len)
+        # Appended even when nothing is new, so a smaller n_cm (or 0) than the held slots applies at once.
+        compressed, compressed_valid = append_compressed(
+            memory,
+            new or [cm[:, :0] for cm in memory.compressed],
+            new_valid if new else memory.compressed_valid[:, :0],
+            cmem_len,
+        )
         loss = self._reconstruction_loss(inputs, eviction, new) if need_reconstruction else None
         mass = None
         if need_compressed_mass:
