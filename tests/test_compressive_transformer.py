@@ -344,3 +344,20 @@ def test_a_smaller_compressed_memory_applies_at_once():
     x = segments(1, n=1)[0]  # nothing evicted: overflow 1 < c
     assert ct(x, memory, mem_len=4, cmem_len=1).memory.compressed_valid.shape[1] == 1
     assert ct(x, memory, mem_len=4, cmem_len=0).memory.compressed_valid.shape[1] == 0
+
+
+def test_most_used_in_the_network_keeps_evicted_states_in_their_order():
+    """Layer 0 stores embeddings: each compressed slot is the embedding of one evicted token, newer
+    slots of newer tokens, and every slot is one of the states its segment evicted."""
+    _, ct = xl_and_compressive(compression="most_used", compression_rate=2)
+    tokens = torch.arange(1, 16)[None].repeat(2, 1)
+    emb = ct.word_emb(tokens)[0]
+    memory = ct.empty_memory(2)
+    for x in tokens.split(3, dim=1):
+        memory = ct(x, memory, mem_len=4, cmem_len=3).memory
+    # cm after the last segment: 1 kept of e1 e2... e9 e10 evicted in segments 3-5 (see the FIFO test)
+    kept = [int((emb - slot).abs().sum(-1).argmin()) + 1 for slot in memory.compressed[0][0]]
+    assert kept == sorted(kept) and len(kept) == 3
+    assert kept[0] in (5, 6, 7, 8) and kept[1] in (5, 6, 7, 8) and kept[2] in (9, 10)
+    for slot, t in zip(memory.compressed[0][0], kept):
+        torch.testing.assert_close(slot, emb[t - 1])

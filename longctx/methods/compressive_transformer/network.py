@@ -43,6 +43,7 @@ from longctx.methods.compressive_transformer.memory import (
     append_compressed,
     empty_memory,
     evict,
+    evicted_count,
 )
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
@@ -143,8 +144,8 @@ class CompressiveTransformer(TransformerXL):
         )
         compressing = cmem_len > 0
         need_usage = compressing and self.compressors[0].needs_usage
-        probs_needed = need_weights or need_usage or need_compressed_mass
-        inputs, attns = [], []
+        e = evicted_count(memory.valid.shape[1], n, mem_len, self.compression_rate, compressing)
+        inputs, attns, usage, mass = [], [], [], []
         for i, layer in enumerate(self.layers):
             inputs.append(h)
             window = torch.cat([memory.compressed[i].to(h.dtype), memory.hidden[i].to(h.dtype)], dim=1)
@@ -157,13 +158,20 @@ class CompressiveTransformer(TransformerXL):
                 self.r_r_bias[i] if self.untie_r else self.r_r_bias,
                 same_length=mem_len + cmem_len if same_length else None,
                 need_mass=need_mass,
-                need_weights=probs_needed,
+                need_weights=need_weights or need_usage or need_compressed_mass,
             )
+            # Read from the attention weights (B, H, n, W), layer by layer: [cm (n_cm) ; m ; segment].
+            if need_usage:  # what each state to be evicted received, averaged over heads and queries
+                usage.append(attn.probs[..., n_cm : n_cm + e].mean(dim=(1, 2)).detach())
+            if need_compressed_mass:
+                mass.append(attn.probs[..., :n_cm].sum(-1).mean().detach())
+            if not need_weights:
+                attn.probs = attn.heads = None  # one layer's weights at a time
             attns.append(attn)
         eviction = evict(memory, inputs, mem_len, self.compression_rate, compressing)
         new = None
-        if compressing and eviction.evicted_valid.shape[1] > 0:
-            usage = [self._usage(a, n_cm, eviction) for a in attns] if need_usage else [None] * self.n_layers
+        if compressing and e > 0:
+            usage = usage or [None] * self.n_layers
             new = [f_c(old, u) for f_c, old, u in zip(self.compressors, eviction.evicted, usage)]
             new_valid = groups_valid(eviction.evicted_valid, self.compression_rate)
         # Appended even when nothing is new, so a smaller n_cm (or 0) than the held slots applies at once.
@@ -174,21 +182,9 @@ class CompressiveTransformer(TransformerXL):
             cmem_len,
         )
         loss = self._reconstruction_loss(inputs, eviction, new) if need_reconstruction else None
-        mass = None
-        if need_compressed_mass:
-            mass = torch.stack([a.probs[..., :n_cm].sum(-1).mean() for a in attns]).detach()
-        if not need_weights:
-            for a in attns:
-                a.probs = a.heads = None  # only needed here: do not hand them out
         new_memory = CompressiveMemory(eviction.hidden, eviction.valid, compressed, compressed_valid)
-        return CompressiveOutput(self.drop(h), new_memory, attns, loss, mass)
-
-    @staticmethod
-    def _usage(attn: AttentionOutput, n_cm: int, eviction: Eviction) -> Tensor:
-        """(B, e) the attention each evicted state received from the segment, averaged over heads and
-        queries (the evicted are the first e keys after the compressed memory)."""
-        e = eviction.evicted_valid.shape[1]
-        return attn.probs[..., n_cm : n_cm + e].mean(dim=(1, 2)).detach()
+        mass_per_layer = torch.stack(mass) if need_compressed_mass else None
+        return CompressiveOutput(self.drop(h), new_memory, attns, loss, mass_per_layer)
 
     def _reconstruction_loss(
         self, inputs: list[Tensor], eviction: Eviction, new: list[Tensor] | None
