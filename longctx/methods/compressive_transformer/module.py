@@ -12,6 +12,10 @@ network's: gradient-norm clipping (`trainer.gradient_clip_val`) clips the two pa
 separately (as the paper's separate optimisation of f_c), and `compression_lr` gives f_c its own
 optimizer group and learning rate.
 
+Shapes: when c divides n_s and n_m, both memories keep one shape once full; otherwise the memory
+holds up to c − 1 extra states (`memory.py`) and its length cycles, so a compiled network
+(`CompileNetwork`) recompiles for each length.
+
 Logged (per stage, when f_c learns): `reconstruction_loss`; at evaluation (when
 `log_compressed_attention`): `compressed_mass`, the attention probability on the compressed memory
 averaged over layers, heads, queries and rows, and `compressed_mass_layer{i}`.
