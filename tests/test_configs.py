@@ -43,6 +43,7 @@ EXPECTED = Path(__file__).resolve().parent / "fixtures" / "resolved_configs"
 # One experiment config per base chain (adaptive span, Transformer-XL training, TRAMS evaluation,
 # GPT-2 recurrence, a tiny CPU run): the fast tier's check that composition resolves as before.
 FAST = {"adaptive_span", "transformer_xl_wt103", "trams_wt103", "recurrent_gpt2_pg19", "quickstart"}
+FAST |= {"compressive_transformer_pg19"}  # the Compressive Transformer's base chain
 MISSING = object()
 
 

@@ -1,0 +1,26 @@
+"""The Compressive Transformer (Rae, Potapenko, Jayakumar, Lillicrap, "Compressive Transformers for
+Long-Range Sequence Modelling", ICLR 2020, arXiv 1911.05507): Transformer-XL whose evicted memories
+are compressed into a second, coarser memory instead of being discarded. No official code was
+released; the paper (§3, Algorithm 1) is the reference.
+
+Notation (the paper's symbols and where they live; files of this folder):
+
+| symbol     | meaning                              | longctx                                            |
+|------------|--------------------------------------|----------------------------------------------------|
+| n_s        | segment (window) length              | `data.tgt_len`, `data.eval_tgt_len`                |
+| n_m        | memory slots per layer               | module.py `mem_len`, `eval_mem_len`                |
+| n_cm       | compressed memory slots per layer    | module.py `cmem_len`, `eval_cmem_len`              |
+| c          | compression rate                     | module.py `compression_rate`                       |
+| f_c        | compression function, one per layer | compression.py:build_compression,                  |
+|            |                                      | network.py:CompressiveTransformer.compressors      |
+| mem, cmem  | memory, compressed memory            | memory.py:CompressiveMemory (hidden, compressed)   |
+| old_mem    | states evicted from the memory       | memory.py:evict (Eviction.evicted)                 |
+| new_cm     | f_c(old_mem)                         | network.py:CompressiveTransformer.forward (`new`)  |
+| attn(h, m) | content-based attention of a layer   | network.py:content_attention                       |
+| L^attn     | attention-reconstruction loss        | network.py:attention_reconstruction,               |
+|            |                                      | module.py `reconstruction_weight`                  |
+| L^ae       | auto-encoding loss (the option)      | network.py:masked_mse, compression.py:Decoder      |
+
+Files: `network.py` (pure PyTorch), `compression.py` (f_c), `memory.py` (the two FIFO memories),
+`flops.py` (FLOPs per token), `module.py` (the LightningModule).
+"""

@@ -1,0 +1,62 @@
+"""Forward FLOPs per scored token of the Compressive Transformer at evaluation (FLOPs = 2 × MACs,
+`longctx.flops`).
+
+The attention is Transformer-XL's over P = n_m + n_cm memory slots (`transformer_xl/flops.py`, without
+the key/value cache: every segment projects the memory's keys and values again). In the steady state
+each segment evicts n states per layer, so f_c runs on n states per segment, per token one state:
+
+    conv (kernel = stride = c, d -> d)        d² per evicted state (d²·c per compressed slot)
+    dilated_conv (ceil(log2 c) kernel-2 convs) 2·d² per conv per evicted state (every position of a group)
+    max_pool, mean_pool, most_used            0 (no multiply-accumulate)
+
+The reconstruction loss runs in training only and is not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from longctx.flops import flops_from_macs
+from longctx.methods.compressive_transformer.compression import CompressionKind
+from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs_per_token
+
+
+def compression_macs_per_state(compression: CompressionKind, d_model: int, rate: int) -> float:
+    """f_c's multiply-accumulates per evicted state (see the module docstring)."""
+    if compression == "conv":
+        return d_model * d_model
+    if compression == "dilated_conv":
+        return 2 * d_model * d_model * math.ceil(math.log2(rate))
+    return 0.0
+
+
+def macs_per_token(
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    d_head: int,
+    d_inner: int,
+    vocab_size: int,
+    segment_length: int,
+    mem_len: int,
+    cmem_len: int,
+    compression: CompressionKind = "conv",
+    compression_rate: int = 3,
+    cutoffs: Sequence[int] = (),
+    d_embed: int | None = None,
+    div_val: int = 1,
+) -> float:
+    """Multiply-accumulates per scored token (forward pass, steady state: full memories)."""
+    P = mem_len + cmem_len  # the attended memory slots
+    xl = xl_macs_per_token(
+        n_layers, d_model, n_heads, d_head, d_inner, vocab_size, segment_length, P, cutoffs, d_embed, div_val
+    )
+    if cmem_len == 0:
+        return xl
+    return xl + n_layers * compression_macs_per_state(compression, d_model, compression_rate)
+
+
+def flops_per_token(*args, **kwargs) -> float:
+    """`macs_per_token` in the project's convention: FLOPs = 2 × MACs (same arguments)."""
+    return flops_from_macs(macs_per_token(*args, **kwargs))

@@ -1,0 +1,243 @@
+"""The Compressive Transformer network (Rae et al. 2020, §3 and Algorithm 1): Transformer-XL whose
+layers also attend to a compressed memory.
+
+Each layer attends over [compressed memory (n_cm), memory (n_m), segment (n_s)] with Transformer-XL's
+relative positions: the window [cm ; m] is passed as XL's memory, with its validity, so the relative
+distances run through it contiguously (Algorithm 1: mem ← concat(cmem, mem)). The parts are XL's own
+(`XLBlock`, `RelMultiHeadAttention`, `sinusoid_positions`, the adaptive embedding and softmax): the
+class is a `TransformerXL` plus one f_c per layer (`compressors`), so its state dict is XL's plus
+`compressors.*` (and `decoders.*` with the auto-encoding loss).
+
+After the segment the memory is updated first-in first-out (`memory.py`); the evicted states are
+compressed by f_c and appended to the compressed memory. f_c is trained only by the
+attention-reconstruction loss (§3.2, Algorithm 1):
+
+    L^attn = Σ_layers ‖attn(h, old_mem) − attn(h, f_c(old_mem))‖²
+
+where attn is the layer's content-based multi-head attention (softmax(q kᵀ/√d_head) v per head, no
+positions, no output projection), h the segment's inputs to the layer and old_mem the evicted
+states; ‖·‖² is the mean square over the attention vectors (rows without a valid key on either side
+are left out). Stop-gradients: h, old_mem and the layer's weights enter detached, so the main network's
+gradients are unchanged by the loss, and the memories are detached, so the language-model loss never
+reaches f_c. The auto-encoding loss ‖old_mem − g(f_c(old_mem))‖² with a learned decoder g is the option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longctx.methods.compressive_transformer.compression import (
+    CompressionKind,
+    Decoder,
+    build_compression,
+    groups_valid,
+)
+from longctx.methods.compressive_transformer.memory import (
+    CompressiveMemory,
+    Eviction,
+    append_compressed,
+    empty_memory,
+    evict,
+    evicted_count,
+)
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.transformer_xl.relative_attention import (
+    AttentionOutput,
+    RelMultiHeadAttention,
+    sinusoid_positions,
+)
+
+Reconstruction = Literal["attention", "autoencoding"]
+
+
+@dataclass
+class CompressiveOutput:
+    """hidden: (B, n, d) last-layer output (after dropout); memory: the updated memories; attn: per
+    layer XL's `AttentionOutput`; reconstruction_loss: the summed per-layer loss training f_c (only
+    when asked; a zero tensor tied to f_c's parameters when nothing was compressed); compressed_mass:
+    (L,) per layer the mean attention probability on the compressed memory (only when asked)."""
+
+    hidden: Tensor
+    memory: CompressiveMemory
+    attn: list[AttentionOutput]
+    reconstruction_loss: Tensor | None = None
+    compressed_mass: Tensor | None = None
+
+
+class CompressiveTransformer(TransformerXL):
+    """Compressive Transformer language model (network only).
+
+    Args:
+        vocab_size, **xl: Transformer-XL's arguments (`TransformerXL`).
+        compression: f_c (`compression.py`): "conv" (the paper's best, default), "max_pool",
+            "mean_pool", "dilated_conv", "most_used".
+        compression_rate: c.
+        reconstruction: how f_c learns: "attention" (the paper's attention-reconstruction loss) or
+            "autoencoding" (a decoder g reconstructs the evicted states).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        compression: CompressionKind = "conv",
+        compression_rate: int = 3,
+        reconstruction: Reconstruction = "attention",
+        **xl: Any,
+    ) -> None:
+        super().__init__(vocab_size, **xl)
+        if reconstruction not in ("attention", "autoencoding"):
+            raise ValueError(f"reconstruction must be 'attention' or 'autoencoding', got {reconstruction!r}")
+        self.compression_rate, self.reconstruction = compression_rate, reconstruction
+        self.compressors = nn.ModuleList(
+            build_compression(compression, self.d_model, compression_rate) for _ in range(self.n_layers)
+        )
+        self.decoders = None
+        if reconstruction == "autoencoding" and self.learns_compression:
+            self.decoders = nn.ModuleList(
+                Decoder(self.d_model, compression_rate) for _ in range(self.n_layers)
+            )
+
+    @property
+    def learns_compression(self) -> bool:
+        """f_c has parameters (convolutions); pooling and most-used have none."""
+        return any(True for _ in self.compressors.parameters())
+
+    def compression_parameters(self) -> list[nn.Parameter]:
+        """The parameters trained by the reconstruction loss only: f_c's (and the decoder's)."""
+        decoders = [] if self.decoders is None else list(self.decoders.parameters())
+        return [*self.compressors.parameters(), *decoders]
+
+    def empty_memory(self, batch_size: int) -> CompressiveMemory:
+        p = self.r_w_bias
+        return empty_memory(self.n_layers, batch_size, self.d_model, device=p.device, dtype=p.dtype)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: CompressiveMemory,
+        mem_len: int,
+        cmem_len: int,
+        clamp_len: int = 0,
+        same_length: bool = False,
+        need_mass: bool = False,
+        need_weights: bool = False,
+        need_reconstruction: bool = False,
+        need_compressed_mass: bool = False,
+    ) -> CompressiveOutput:
+        """x: (B, n) token ids; memory: `CompressiveMemory`; mem_len, cmem_len: n_m and n_cm kept for the
+        next segment (cmem_len 0: Transformer-XL); clamp_len: cap of relative positions (0 = none);
+        same_length: every query sees min(n_m + n_cm, ·) memory keys; need_reconstruction: compute
+        the loss that trains f_c; need_compressed_mass: the attention on the compressed memory."""
+        n = x.shape[1]
+        if len(memory.hidden) != self.n_layers:
+            raise ValueError(f"memory has {len(memory.hidden)} layers, the model {self.n_layers}")
+        n_cm = memory.compressed_valid.shape[1]
+        valid = torch.cat([memory.compressed_valid, memory.valid], dim=1)  # (B, P_cm + P_m)
+        h = self.drop(self.word_emb(x))  # (B, n, d)
+        pos_emb = self.drop(
+            sinusoid_positions(valid.shape[1] + n, self.d_model, clamp_len, h.device, h.dtype)
+        )
+        compressing = cmem_len > 0
+        need_usage = compressing and self.compressors[0].needs_usage
+        e = evicted_count(memory.valid.shape[1], n, mem_len, self.compression_rate, compressing)
+        inputs, attns, usage, mass = [], [], [], []
+        for i, layer in enumerate(self.layers):
+            inputs.append(h)
+            window = torch.cat([memory.compressed[i].to(h.dtype), memory.hidden[i].to(h.dtype)], dim=1)
+            h, attn = layer(
+                h,
+                window,
+                valid,
+                pos_emb,
+                self.r_w_bias[i] if self.untie_r else self.r_w_bias,
+                self.r_r_bias[i] if self.untie_r else self.r_r_bias,
+                same_length=mem_len + cmem_len if same_length else None,
+                need_mass=need_mass,
+                need_weights=need_weights or need_usage or need_compressed_mass,
+            )
+            # Read from the attention weights (B, H, n, W), layer by layer: [cm (n_cm) ; m ; segment].
+            if need_usage:  # what each state to be evicted received, averaged over heads and queries
+                usage.append(attn.probs[..., n_cm : n_cm + e].mean(dim=(1, 2)).detach())
+            if need_compressed_mass:
+                mass.append(attn.probs[..., :n_cm].sum(-1).mean().detach())
+            if not need_weights:
+                attn.probs = attn.heads = None  # one layer's weights at a time
+            attns.append(attn)
+        eviction = evict(memory, inputs, mem_len, self.compression_rate, compressing)
+        new = None
+        if compressing and e > 0:
+            usage = usage or [None] * self.n_layers
+            new = [f_c(old, u) for f_c, old, u in zip(self.compressors, eviction.evicted, usage)]
+            new_valid = groups_valid(eviction.evicted_valid, self.compression_rate)
+        # Appended even when nothing is new, so a smaller n_cm (or 0) than the held slots applies at once.
+        compressed, compressed_valid = append_compressed(
+            memory,
+            new or [cm[:, :0] for cm in memory.compressed],
+            new_valid if new else memory.compressed_valid[:, :0],
+            cmem_len,
+        )
+        loss = self._reconstruction_loss(inputs, eviction, new) if need_reconstruction else None
+        new_memory = CompressiveMemory(eviction.hidden, eviction.valid, compressed, compressed_valid)
+        mass_per_layer = torch.stack(mass) if need_compressed_mass else None
+        return CompressiveOutput(self.drop(h), new_memory, attns, loss, mass_per_layer)
+
+    def _reconstruction_loss(
+        self, inputs: list[Tensor], eviction: Eviction, new: list[Tensor] | None
+    ) -> Tensor:
+        """Σ over layers of the attention-reconstruction (or auto-encoding) loss; a zero tied to every
+        f_c parameter when nothing was compressed, so that each parameter always gets a gradient
+        (DDP without `find_unused_parameters`)."""
+        params = self.compression_parameters()
+        loss = sum((p.sum() * 0.0 for p in params), inputs[0].new_zeros((), dtype=torch.float32))
+        if new is None or not params:
+            return loss
+        old_valid = eviction.evicted_valid
+        new_valid = groups_valid(old_valid, self.compression_rate)
+        for i, (layer, h, old, cm) in enumerate(zip(self.layers, inputs, eviction.evicted, new)):
+            if self.decoders is None:
+                loss = loss + attention_reconstruction(layer.attn, h.detach(), old, old_valid, cm, new_valid)
+            else:
+                loss = loss + masked_mse(self.decoders[i](cm), old, old_valid)
+        return loss
+
+
+def content_attention(attn: RelMultiHeadAttention, query: Tensor, memory: Tensor, valid: Tensor) -> Tensor:
+    """attn(h, mem) of §3.2 with the layer's weights detached: per head softmax(q kᵀ/√d_head) v over the
+    valid memory slots, (B, H, n, Dh); LayerNorm first under pre-LN, as the layer does."""
+    H, Dh = attn.n_heads, attn.d_head
+    w_q, w_k, w_v = attn.qkv_net.weight.detach().split(H * Dh)  # XL's [q; k; v] projection layout
+    if attn.pre_lnorm:
+        ln = attn.layer_norm
+        norm = lambda t: F.layer_norm(t, ln.normalized_shape, ln.weight.detach(), ln.bias.detach(), ln.eps)  # noqa: E731
+        query, memory = norm(query), norm(memory)
+
+    def heads(t: Tensor, w: Tensor) -> Tensor:
+        return F.linear(t, w).view(*t.shape[:2], H, Dh).transpose(1, 2)
+
+    scores = heads(query, w_q) @ heads(memory, w_k).transpose(-1, -2) * attn.scale  # (B, H, n, e)
+    scores = scores.float().masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row without a valid slot attends to nothing
+    return probs.to(memory.dtype) @ heads(memory, w_v)
+
+
+def attention_reconstruction(
+    attn: RelMultiHeadAttention, h: Tensor, old: Tensor, old_valid: Tensor, new: Tensor, new_valid: Tensor
+) -> Tensor:
+    """‖attn(h, old_mem) − attn(h, new_cm)‖², the mean square over the rows that have a valid slot on
+    both sides; only `new` (f_c's output) carries a gradient."""
+    target = content_attention(attn, h, old.detach(), old_valid)
+    rows = (old_valid.any(1) & new_valid.any(1)).to(target.dtype)  # (B,)
+    squared = (content_attention(attn, h, new, new_valid) - target).pow(2).mean(dim=(1, 2, 3))
+    return (squared * rows).sum() / rows.sum().clamp_min(1.0)
+
+
+def masked_mse(reconstructed: Tensor, target: Tensor, valid: Tensor) -> Tensor:
+    """Mean square of (reconstructed − target) over the valid states (B, e, d)."""
+    weight = valid[..., None].to(target.dtype)
+    squared = (reconstructed - target.detach()).pow(2) * weight
+    return squared.sum() / (weight.sum() * target.shape[-1]).clamp_min(1.0)

@@ -1,0 +1,363 @@
+"""The Compressive Transformer (Rae et al. 2020) against Transformer-XL on the same weights and against
+hand computations: n_cm = 0 is XL; c = 1 with an identity f_c is XL with memory n_m + n_cm; the FIFO
+order of both memories and eviction at partial memories; a document reset of one row; the
+reconstruction loss reaches f_c only; each f_c against a direct computation; the FLOPs by hand; the
+Lightning module's evaluation sizes, logs and separate gradient clipping."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longctx.methods.compressive_transformer.compression import Decoder, build_compression
+from longctx.methods.compressive_transformer.flops import macs_per_token
+from longctx.methods.compressive_transformer.memory import evicted_count, reset_memory_rows
+from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
+from longctx.methods.compressive_transformer.network import CompressiveTransformer
+from longctx.methods.transformer_xl.network import TransformerXL
+from tests.lm_fixtures import SyntheticData, cpu_trainer
+
+SIZES = dict(n_layers=2, d_model=16, n_heads=2, d_inner=24, dropout=0.0)
+VOCAB = 30
+
+
+def xl_and_compressive(**compressive) -> tuple[TransformerXL, CompressiveTransformer]:
+    """A Transformer-XL and a Compressive Transformer holding the same weights (double, eval)."""
+    torch.manual_seed(0)
+    xl = TransformerXL(VOCAB, **SIZES).double().eval()
+    ct = CompressiveTransformer(VOCAB, **compressive, **SIZES).double().eval()
+    missing, unexpected = ct.load_state_dict(xl.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("compressors.") for k in missing)
+    return xl, ct
+
+
+def segments(n_segments: int, n: int = 3, batch: int = 2, seed: int = 1) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return list(torch.randint(0, VOCAB, (batch, n * n_segments), generator=g).split(n, dim=1))
+
+
+# ---------------------------------------------------------------------------------- against XL
+@pytest.mark.parametrize("same_length", [False, True])
+def test_no_compressed_memory_is_exactly_transformer_xl(same_length):
+    xl, ct = xl_and_compressive(compression="conv", compression_rate=2)
+    xl_memory, ct_memory = xl.empty_memory(2), ct.empty_memory(2)
+    for x in segments(5):
+        want = xl(x, xl_memory, mem_len=4, same_length=same_length, clamp_len=3)
+        got = ct(x, ct_memory, mem_len=4, cmem_len=0, same_length=same_length, clamp_len=3)
+        xl_memory, ct_memory = want.memory, got.memory
+        assert torch.equal(got.hidden, want.hidden)
+        assert all(torch.equal(a, b) for a, b in zip(ct_memory.hidden, xl_memory.hidden))
+        assert torch.equal(ct_memory.valid, xl_memory.valid)
+        assert ct_memory.compressed_valid.shape[1] == 0
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+def test_rate_one_identity_compression_is_xl_with_memory_n_m_plus_n_cm(same_length):
+    xl, ct = xl_and_compressive(compression="max_pool", compression_rate=1)  # max over 1 = identity
+    xl_memory, ct_memory = xl.empty_memory(2), ct.empty_memory(2)
+    for x in segments(6):
+        want = xl(x, xl_memory, mem_len=7, same_length=same_length)
+        got = ct(x, ct_memory, mem_len=4, cmem_len=3, same_length=same_length)
+        xl_memory, ct_memory = want.memory, got.memory
+        torch.testing.assert_close(got.hidden, want.hidden, rtol=0, atol=1e-12)
+        for cm, m, xl_m in zip(ct_memory.compressed, ct_memory.hidden, xl_memory.hidden):
+            assert torch.equal(torch.cat([cm, m], dim=1), xl_m)
+        assert torch.equal(torch.cat([ct_memory.compressed_valid, ct_memory.valid], 1), xl_memory.valid)
+    assert ct_memory.compressed_valid.shape[1] == 3 and ct_memory.valid.shape[1] == 4
+
+
+# ---------------------------------------------------------------------------------- the memories
+def test_fifo_order_of_both_memories_hand_computed():
+    """n_s = 3, n_m = 4, n_cm = 3, c = 2, mean pooling; layer 0 stores the embeddings e_1, e_2, …:
+    segment 1: m = e1..e3;                      cm = -
+    segment 2: evict e1 e2;                     m = e3..e6,  cm = (e1+e2)/2
+    segment 3: overflow 3, evict 2 (whole pair) m = e5..e9,  cm = e12, e34
+    segment 4: overflow 4, evict e5..e8;        m = e9..e12, cm = e34, e56, e78 (e12 drops out)
+    segment 5: overflow 3, evict e9 e10;        m = e11..e15, cm = e56, e78, e9,10"""
+    _, ct = xl_and_compressive(compression="mean_pool", compression_rate=2)
+    tokens = torch.arange(1, 16)[None].repeat(2, 1)
+    emb = ct.word_emb(tokens)[0]  # e_t = emb[t − 1]
+
+    def pair(t: int) -> torch.Tensor:
+        return (emb[t - 1] + emb[t]) / 2
+
+    expected = [
+        (range(1, 4), []),
+        (range(3, 7), [1]),
+        (range(5, 10), [1, 3]),
+        (range(9, 13), [3, 5, 7]),
+        (range(11, 16), [5, 7, 9]),
+    ]
+    memory = ct.empty_memory(2)
+    for x, (kept, pairs) in zip(tokens.split(3, dim=1), expected):
+        memory = ct(x, memory, mem_len=4, cmem_len=3).memory
+        torch.testing.assert_close(memory.hidden[0][1], emb[[t - 1 for t in kept]])
+        want_cm = torch.stack([pair(t) for t in pairs]) if pairs else emb[:0]
+        torch.testing.assert_close(memory.compressed[0][1], want_cm)
+        assert memory.valid.all() and memory.compressed_valid.all()
+
+
+@pytest.mark.parametrize(
+    ("held", "segment", "mem_len", "rate", "compressing", "evicted"),
+    [
+        (0, 3, 4, 2, True, 0),  # the memory fills
+        (3, 3, 4, 2, True, 2),  # overflow 2
+        (4, 3, 4, 2, True, 2),  # overflow 3: one state waits for its pair
+        (5, 3, 4, 2, True, 4),
+        (4, 3, 4, 2, False, 3),  # nothing compressed (n_cm = 0): exactly XL's overflow
+        (0, 5, 0, 2, True, 4),  # no memory: the segment itself is compressed, one state waits
+        (2, 3, 4, 3, True, 0),  # overflow 1 < c
+    ],
+)
+def test_eviction_at_partial_memories_is_whole_groups(held, segment, mem_len, rate, compressing, evicted):
+    assert evicted_count(held, segment, mem_len, rate, compressing) == evicted
+
+
+def test_reset_of_one_row_clears_both_memories_and_the_row_restarts_as_fresh():
+    _, ct = xl_and_compressive(compression="mean_pool", compression_rate=2)
+    stream = segments(7, n=2, batch=2, seed=3)
+    run = partial(ct, mem_len=4, cmem_len=2)
+    memory = ct.empty_memory(2)
+    for x in stream[:4]:
+        memory = run(x, memory).memory
+    cleared = reset_memory_rows(memory, torch.tensor([False, True]))
+    for before, after in zip([*memory.hidden, *memory.compressed], [*cleared.hidden, *cleared.compressed]):
+        assert torch.equal(after[0], before[0]) and not after[1].any()
+    assert torch.equal(cleared.valid[0], memory.valid[0]) and not cleared.valid[1].any()
+    assert cleared.compressed_valid[0].all() and not cleared.compressed_valid[1].any()
+    kept, fresh = memory, ct.empty_memory(1)
+    memory = cleared
+    for x in stream[4:]:
+        out, untouched = run(x, memory), run(x, kept)
+        alone = run(x[1:], fresh)
+        memory, kept, fresh = out.memory, untouched.memory, alone.memory
+        torch.testing.assert_close(out.hidden[0], untouched.hidden[0], rtol=0, atol=1e-12)  # row 0
+        torch.testing.assert_close(out.hidden[1:], alone.hidden, rtol=0, atol=1e-12)  # row 1
+
+
+# ---------------------------------------------------------------------------------- training f_c
+def gradients(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("reconstruction", ["attention", "autoencoding"])
+def test_reconstruction_loss_leaves_main_gradients_unchanged_and_reaches_only_f_c(reconstruction):
+    torch.manual_seed(0)
+    ct = CompressiveTransformer(VOCAB, compression_rate=2, reconstruction=reconstruction, **SIZES).double()
+    stream = segments(4)
+    memory = ct.empty_memory(2)
+    with torch.no_grad():
+        for x in stream[:3]:
+            memory = ct(x, memory, mem_len=4, cmem_len=2).memory
+    assert memory.compressed_valid.shape[1] == 2  # f_c's output is attended in the last segment
+
+    def losses() -> tuple[torch.Tensor, torch.Tensor]:
+        out = ct(stream[3], memory, mem_len=4, cmem_len=2, need_reconstruction=True)
+        return ct.nll(out.hidden, stream[3]).mean(), out.reconstruction_loss
+
+    lm, reconstruction_loss = losses()
+    assert reconstruction_loss.item() > 0
+    alone = gradients(ct, lm)
+    lm, reconstruction_loss = losses()
+    both = gradients(ct, lm + 5.0 * reconstruction_loss)
+    trained_by_it = {k for k in both if k.startswith(("compressors.", "decoders."))}
+    assert trained_by_it and any(k.startswith("decoders.") for k in trained_by_it) == (
+        reconstruction == "autoencoding"
+    )
+    for name, grad in both.items():
+        if name in trained_by_it:
+            assert alone[name] is None  # the language-model loss never reaches f_c
+            assert grad is not None and grad.abs().sum() > 0
+        else:
+            assert torch.equal(grad, alone[name]), name
+
+
+def test_reconstruction_is_a_zero_tied_to_f_c_before_anything_is_compressed():
+    torch.manual_seed(0)
+    ct = CompressiveTransformer(VOCAB, compression_rate=2, **SIZES)
+    out = ct(segments(1)[0], ct.empty_memory(2), mem_len=4, cmem_len=2, need_reconstruction=True)
+    assert out.reconstruction_loss.item() == 0
+    out.reconstruction_loss.backward()  # every f_c parameter gets a (zero) gradient: DDP needs one
+    assert all(p.grad is not None and not p.grad.any() for p in ct.compressors.parameters())
+
+
+# ---------------------------------------------------------------------------------- f_c
+def grouped(states: torch.Tensor, rate: int) -> torch.Tensor:
+    return states.view(states.shape[0], -1, rate, states.shape[2])  # (B, k, c, d)
+
+
+@pytest.mark.parametrize("kind", ["max_pool", "mean_pool"])
+def test_pooling_against_direct_computation(kind):
+    states = torch.randn(2, 6, 4, dtype=torch.double)
+    want = grouped(states, 3).amax(2) if kind == "max_pool" else grouped(states, 3).mean(2)
+    torch.testing.assert_close(build_compression(kind, 4, 3)(states), want)
+
+
+def test_convolution_against_direct_computation():
+    torch.manual_seed(0)
+    f_c = build_compression("conv", 4, 3).double()
+    states = torch.randn(2, 6, 4, dtype=torch.double)
+    w, b = f_c.conv.weight, f_c.conv.bias  # (d_out, d_in, c), (d_out,)
+    want = torch.einsum("oit,bkti->bko", w, grouped(states, 3)) + b
+    torch.testing.assert_close(f_c(states), want)
+
+
+def test_dilated_convolutions_against_direct_computation():
+    """c = 4: kernel-2 convolutions with dilations 1 and 2, causal within each group of 4."""
+    torch.manual_seed(0)
+    f_c = build_compression("dilated_conv", 3, 4).double()
+    assert [conv.dilation[0] for conv in f_c.convs] == [1, 2]
+    states = torch.randn(2, 8, 3, dtype=torch.double)
+    (w1, b1), (w2, b2) = [(conv.weight, conv.bias) for conv in f_c.convs]  # (d, d, 2), (d,)
+    want = torch.empty(2, 2, 3, dtype=torch.double)
+    for b in range(2):
+        for k in range(2):
+            x = states[b, 4 * k : 4 * k + 4]  # (4, d)
+
+            def tap(seq, t, w, bias, dilation):
+                back = seq[t - dilation] if t >= dilation else torch.zeros_like(seq[t])
+                return bias + w[:, :, 0] @ back + w[:, :, 1] @ seq[t]
+
+            y1 = torch.stack([F.relu(tap(x, t, w1, b1, 1)) for t in range(4)])
+            want[b, k] = tap(y1, 3, w2, b2, 2)
+    torch.testing.assert_close(f_c(states), want)
+
+
+def test_most_used_keeps_the_most_attended_states_in_order():
+    states = torch.arange(12.0).view(1, 6, 2)
+    usage = torch.tensor([[0.1, 0.5, 0.0, 0.3, 0.05, 0.2]])
+    kept = build_compression("most_used", 2, 2)(states, usage)  # 3 of 6: slots 1, 3, 5
+    torch.testing.assert_close(kept, states[:, [1, 3, 5]])
+
+
+def test_decoder_is_a_transposed_convolution():
+    torch.manual_seed(0)
+    g = Decoder(4, 3).double()
+    compressed = torch.randn(2, 2, 4, dtype=torch.double)
+    w, b = g.deconv.weight, g.deconv.bias  # (d_in, d_out, c)
+    want = torch.einsum("ios,bki->bkso", w, compressed).reshape(2, 6, 4) + b
+    torch.testing.assert_close(g(compressed), want)
+
+
+def test_unknown_compression_names_the_choices():
+    with pytest.raises(ValueError, match="compression must be one of conv, max_pool"):
+        build_compression("avg", 4, 2)
+
+
+# ---------------------------------------------------------------------------------- FLOPs
+def test_flops_counted_by_hand():
+    """d = 8, 2 heads of 4, d_inner 16, V = 10, n = 4, n_m = 4, n_cm = 2 (P = 6, W = 10), c = 2.
+    Per layer: q,k,v 3·8·8 = 192; memory k,v again 2·8·8·6/4 = 192; positions 8·8·10/4 = 160;
+    scores and sum 3·8·10 = 240; output 8·8 = 64; feed-forward 2·8·16 = 256: 1104, + conv f_c
+    8² = 64 per evicted state, one per token. Softmax 8·10 = 80."""
+    args = dict(n_layers=2, d_model=8, n_heads=2, d_head=4, d_inner=16, vocab_size=10, segment_length=4)
+    conv = macs_per_token(**args, mem_len=4, cmem_len=2, compression="conv", compression_rate=2)
+    assert conv == 2 * 1168 + 80
+    assert macs_per_token(**args, mem_len=4, cmem_len=2, compression="max_pool") == 2 * 1104 + 80
+    dilated = macs_per_token(**args, mem_len=4, cmem_len=2, compression="dilated_conv", compression_rate=4)
+    assert dilated == 2 * (1104 + 2 * 64 * 2) + 80
+    module = CompressiveTransformerLM(
+        vocab_size=10, n_layers=2, d_model=8, n_heads=2, d_inner=16, mem_len=9, cmem_len=9, eval_mem_len=4,
+        eval_cmem_len=2, compression_rate=2,
+    )  # fmt: skip
+    assert module.flops_per_token(4) == 2 * (2 * 1168 + 80)
+
+
+# ---------------------------------------------------------------------------------- Lightning module
+def tiny(**kwargs) -> CompressiveTransformerLM:
+    torch.manual_seed(0)
+    args = dict(vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, dropout=0.0, mem_len=8)
+    args.update(cmem_len=4, compression_rate=2)
+    return CompressiveTransformerLM(**{**args, **kwargs}, optimizer=partial(torch.optim.Adam, lr=1e-3))
+
+
+def test_module_evaluates_with_its_own_memory_sizes():
+    model = tiny(eval_mem_len=6, eval_cmem_len=3).eval()
+    batch = {"input": torch.randint(0, 64, (2, 4)), "target": torch.randint(0, 64, (2, 4))}
+    memory = model.init_memory(2)
+    with torch.no_grad():
+        for _ in range(6):
+            out = model.step(batch, memory)
+            memory = out.memory
+    assert memory.valid.shape[1] == 6 and memory.compressed_valid.shape[1] == 3
+    assert out.extra_loss is None  # evaluation: the reconstruction loss is logged, not trained
+    assert {"reconstruction_loss", "compressed_mass", "compressed_mass_layer1"} <= out.logs.keys()
+    assert 0 < out.logs["compressed_mass"] < 1
+
+
+def test_gradient_norm_clipping_clips_the_main_network_and_f_c_apart():
+    model = tiny()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    main, compression = model._split_parameters()
+    model.configure_gradient_clipping(None, gradient_clip_val=0.25, gradient_clip_algorithm="norm")
+    for params in (main, compression):
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        torch.testing.assert_close(norm, torch.tensor(0.25), rtol=1e-5, atol=0)
+    model.compression_lr = 1e-4
+    groups = model.optimizer_param_groups()
+    assert groups[1]["lr"] == 1e-4 and len(groups[1]["params"]) == len(compression)
+
+
+def test_lightning_fit_and_validate_log_the_reconstruction_and_compressed_attention(tmp_path):
+    data = SyntheticData(n_tokens=401, batch_size=2, seq_len=8, eval_batch_size=2)
+    model = tiny(reconstruction_weight=2.0)
+    trainer = cpu_trainer(tmp_path, max_steps=4, limit_val_batches=0, gradient_clip_val=0.25)
+    trainer.fit(model, datamodule=data)
+    metrics = cpu_trainer(tmp_path, limit_val_batches=6).validate(model, datamodule=data, verbose=False)[0]
+    assert metrics["val/reconstruction_loss"] > 0 and 0 < metrics["val/compressed_mass"] < 1
+    assert metrics["val/flops_per_token"] == model.flops_per_token(8)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        (dict(cmem_len=-1), "cmem_len must be >= 0"),
+        (dict(eval_mem_len=-2, eval_cmem_len=-1), "eval_mem_len, eval_cmem_len must be >= 0"),
+        (dict(compression_rate=0), r"compression_rate \(c\) must be >= 1, got 0"),
+        (dict(reconstruction="bptt"), "reconstruction must be 'attention' or 'autoencoding', got 'bptt'"),
+    ],
+)
+def test_bad_knobs_are_one_line_errors_naming_them(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(**knobs)
+
+
+def test_window_batches_are_refused_naming_the_data_mode():
+    windows = torch.zeros(2, 3, 4, dtype=torch.long)  # (B, K, T)
+    batch = {"input": windows, "target": windows}
+    with pytest.raises(ValueError, match=r"set data\.mode: segments"):
+        tiny().step(batch, tiny().init_memory(2))
+
+
+def test_a_smaller_compressed_memory_applies_at_once():
+    _, ct = xl_and_compressive(compression="mean_pool", compression_rate=2)
+    memory = ct.empty_memory(2)
+    for x in segments(4):
+        memory = ct(x, memory, mem_len=4, cmem_len=3).memory
+    assert memory.compressed_valid.shape[1] == 3
+    x = segments(1, n=1)[0]  # nothing evicted: overflow 1 < c
+    assert ct(x, memory, mem_len=4, cmem_len=1).memory.compressed_valid.shape[1] == 1
+    assert ct(x, memory, mem_len=4, cmem_len=0).memory.compressed_valid.shape[1] == 0
+
+
+def test_most_used_in_the_network_keeps_evicted_states_in_their_order():
+    """Layer 0 stores embeddings: each compressed slot is the embedding of one evicted token, newer
+    slots of newer tokens, and every slot is one of the states its segment evicted."""
+    _, ct = xl_and_compressive(compression="most_used", compression_rate=2)
+    tokens = torch.arange(1, 16)[None].repeat(2, 1)
+    emb = ct.word_emb(tokens)[0]
+    memory = ct.empty_memory(2)
+    for x in tokens.split(3, dim=1):
+        memory = ct(x, memory, mem_len=4, cmem_len=3).memory
+    # cm after the last segment: 1 kept of e1 e2... e9 e10 evicted in segments 3-5 (see the FIFO test)
+    kept = [int((emb - slot).abs().sum(-1).argmin()) + 1 for slot in memory.compressed[0][0]]
+    assert kept == sorted(kept) and len(kept) == 3
+    assert kept[0] in (5, 6, 7, 8) and kept[1] in (5, 6, 7, 8) and kept[2] in (9, 10)
+    for slot, t in zip(memory.compressed[0][0], kept):
+        torch.testing.assert_close(slot, emb[t - 1])
