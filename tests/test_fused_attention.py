@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from longctx.methods.adaptive_span.attention import band_attention
+from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.transformer_xl.memory import reset_memory_rows
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import RelMultiHeadAttention, sinusoid_positions
@@ -205,3 +207,117 @@ def test_bad_attention_kernel_is_one_line():
     expected = r"^attention must be 'eager' or 'sdpa' \(fused, the default\), got 'flash'$"
     with pytest.raises(ValueError, match=expected):
         xl_network(attention="flash")
+
+
+# ------------------------------------------------------------------ adaptive span
+
+
+def span_network(span: str, dropout: float = 0.0, **kwargs) -> SpanTransformer:
+    torch.manual_seed(0)
+    return SpanTransformer(
+        vocab_size=VOCAB,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        d_inner=32,
+        attn_span=80,
+        dropout=dropout,
+        span=span,
+        span_ramp=8,
+        chunk_size=8,
+        **kwargs,
+    )
+
+
+def span_eager_and_fused(model: SpanTransformer, tokens: torch.Tensor, lengths: list[int]):
+    """Blocks of the given lengths with the cache carried (row 0 reset before the third block); per
+    kernel the blocks' (logits, per-token NLL) and the gradients of their summed NLL and span penalty."""
+    results = []
+    for kernel in ("eager", "sdpa"):
+        use_kernel(model, kernel)
+        model.zero_grad()
+        cache, outputs, start, loss = model.init_cache(2), [], 0, 0.0
+        for s, n in enumerate(lengths):
+            if s == 2:
+                cache = cache.reset_rows(torch.tensor([True, False]))
+            out = model(tokens[:, start : start + n], cache)
+            target = tokens[:, start + 1 : start + n + 1]
+            nll = torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), target, reduction="none")
+            outputs.append((out.logits, nll))
+            loss = loss + nll.sum() + (out.penalty if out.penalty is not None else 0.0)
+            cache, start = out.cache, start + n
+        loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        results.append((outputs, grads))
+    (eager, eager_grads), (fused, fused_grads) = results
+    return eager, fused, eager_grads, fused_grads
+
+
+@pytest.mark.parametrize(
+    ("span", "z_ratio", "span_trim"),
+    [
+        ("fixed", None, "head"),
+        ("adaptive", [1.0, 1.0], "head"),  # untrimmed: every head attends all S = 80 positions
+        ("adaptive", [0.3, 0.05], "head"),  # heads trimmed to their own 64- and 1·64-rounded lengths
+        ("adaptive", [0.9, 0.05], "layer"),  # the code's per-layer trimming; masks 0 inside the band
+        ("dynamic", None, "head"),
+    ],
+)
+def test_adaptive_span_fused_equals_eager(span, z_ratio, span_trim):
+    """Logits, per-token NLL and every gradient (z' and the dynamic span's projection included)
+    through blocks with the cache carried, a reset row and a short last block."""
+    model = span_network(span, span_trim=span_trim).train()
+    if z_ratio is not None:
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z_ratio))
+    tokens = torch.randint(0, VOCAB, (2, 63), generator=torch.Generator().manual_seed(5))
+    eager, fused, eager_grads, fused_grads = span_eager_and_fused(model, tokens, [20, 20, 20, 2])
+    assert len(eager_grads) == len(list(model.parameters()))
+    assert_equal_runs(eager, fused, eager_grads, fused_grads)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 7, 64])
+@pytest.mark.parametrize("mask_kind", ["none", "per_head", "per_query"])
+def test_band_attention_fused_equals_eager_with_zero_mask_entries(chunk_size, mask_kind):
+    """Masks with exact zeros (log m = −inf) and values inside the ramp; the gradients of q, k, v, the
+    position embedding and the mask stay finite and equal."""
+    g = torch.Generator().manual_seed(6)
+    B, H, M, L, Dh = 2, 3, 13, 5, 4
+    tensors = [torch.randn(B, H, M, Dh, generator=g), *torch.randn(2, B, H, L + M, Dh, generator=g)]
+    tensors.append(torch.randn(Dh, L, generator=g))
+    if mask_kind != "none":
+        shape = (1, H, 1, L) if mask_kind == "per_head" else (B, H, M, L)
+        mask = torch.rand(shape, generator=g).sub(0.3).clamp(0.0, 1.0)
+        mask[..., -1] = 1.0  # distance 1 always has mask 1
+        assert (mask == 0).any()
+        tensors.append(mask)
+    outs, grads = [], []
+    for fused in (False, True):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        q, k, v, pe, *mask = leaves
+        out = band_attention(q, k, v, pe, mask[0] if mask else None, torch.nn.Dropout(0.0), chunk_size, fused)
+        out.square().sum().backward()
+        outs.append(out)
+        grads.append([t.grad for t in leaves])
+    torch.testing.assert_close(outs[1], outs[0], **TOL)
+    for fused_grad, eager_grad in zip(grads[1], grads[0], strict=True):
+        assert fused_grad.isfinite().all()
+        torch.testing.assert_close(fused_grad, eager_grad, **TOL)
+
+
+def test_adaptive_span_is_fused_by_default():
+    assert all(layer.attn.attention == "sdpa" for layer in span_network("adaptive").layers)
+
+
+def test_fused_band_attention_drops_normalised_probabilities():
+    """Dropout on the renormalised probabilities (scaled by 1/(1 − p)), as the code: a fresh draw per
+    call whose average over draws is the output without dropout."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(1, 2, 6, 4, generator=g), *torch.randn(2, 1, 2, 11, 4, generator=g)
+    pe, mask = torch.randn(4, 5, generator=g), torch.rand(1, 2, 1, 5, generator=g)
+    dropout = torch.nn.Dropout(0.5)
+    draws = torch.stack([band_attention(q, k, v, pe, mask, dropout, 4, fused=True) for _ in range(1000)])
+    assert not torch.equal(draws[0], draws[1])
+    expected = band_attention(q, k, v, pe, mask, dropout.eval(), 4, fused=False)
+    torch.testing.assert_close(draws.mean(0), expected, rtol=0, atol=0.15)

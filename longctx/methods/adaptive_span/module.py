@@ -40,6 +40,7 @@ from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
+from longctx.methods.attention_kernel import AttentionKernel
 from longctx.models.base import LMBase, StepOutput
 from longctx.optim.adagrad import ClippedAdagrad
 
@@ -61,6 +62,8 @@ class AdaptiveSpanLM(LMBase):
         span_trim: "head": each head attends (and projects keys/values for) its own trimmed span, so
             the cost follows every head's span; "layer": the released code's per-layer trimming, where
             the longest head sets the cost of its layer. Equal outputs (the skipped mask is exactly 0).
+        attention: "sdpa" (the attention in one fused kernel per chunk, default) or "eager" (the
+            released code's ops); equal up to the code's renormalisation epsilon (see `attention`).
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
@@ -84,6 +87,7 @@ class AdaptiveSpanLM(LMBase):
         dynamic_bias_init: float = -4.0,
         chunk_size: int = 64,
         span_trim: SpanTrim = "head",
+        attention: AttentionKernel = "sdpa",
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -111,6 +115,7 @@ class AdaptiveSpanLM(LMBase):
             dynamic_bias_init=dynamic_bias_init,
             chunk_size=chunk_size,
             span_trim=span_trim,
+            attention=attention,
         )
         self.span_loss = span_loss
         self._last_spans: list[Tensor] = []

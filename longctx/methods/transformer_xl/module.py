@@ -58,11 +58,11 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from longctx.methods.attention_kernel import AttentionKernel
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.memory import XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
-from longctx.methods.transformer_xl.relative_attention import AttentionKernel
 from longctx.methods.transformer_xl.trams import Metric, Positions, TramsSettings
 from longctx.models.base import LMBase, StepOutput
 

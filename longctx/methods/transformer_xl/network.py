@@ -22,13 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
 from longctx.methods.transformer_xl.adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.memory import XLMemory, empty_memory, update_memory, zero_memory
 from longctx.methods.transformer_xl.relative_attention import (
-    AttentionKernel,
     AttentionOutput,
     RelMultiHeadAttention,
-    check_attention_kernel,
     sinusoid_positions,
 )
 from longctx.methods.transformer_xl.slot_store import cat_slots

@@ -26,12 +26,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
 from longctx.methods.transformer_xl.slot_store import cat_slots
 from longctx.methods.transformer_xl.trams import (
     TramsSelection,
@@ -42,15 +42,6 @@ from longctx.methods.transformer_xl.trams import (
     trams_scores,
     window_index,
 )
-
-AttentionKernel = Literal["eager", "sdpa"]
-ATTENTION_KERNELS = ("eager", "sdpa")
-
-
-def check_attention_kernel(attention: str) -> None:
-    """One line naming a bad `attention` value and the choices."""
-    if attention not in ATTENTION_KERNELS:
-        raise ValueError(f"attention must be 'eager' or 'sdpa' (fused, the default), got {attention!r}")
 
 
 def sinusoid_positions(
