@@ -143,9 +143,11 @@ def _fused_band(
         exact = mask.to(torch.promote_types(mask.dtype, torch.float32))  # 1e-30 is 0 in half precision
         bias = bias + (exact + LOG_MASK_FLOOR).log().to(bias.dtype)
     dropout_p = dropout.p if dropout.training else 0.0
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=skew(bias, float("-inf")), dropout_p=dropout_p, scale=scale
-    )
+    # Chunks folded into the head dim: with 5-d inputs the kernel falls back to its unfused math path.
+    B, H, n, c, Dh = q.shape
+    q, k, v, bias = (t.reshape(B, H * n, *t.shape[-2:]) for t in (q, k, v, skew(bias, float("-inf"))))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    return out.view(B, H, n, c, Dh)
 
 
 class SpanAttention(nn.Module):
