@@ -196,9 +196,11 @@ class RelMultiHeadAttention(nn.Module):
         bd: the position term (B, H, n, W), else rel_shift((q + v)·r) (its garbage above the diagonal
         is blocked, as in eager); it enters as the kernel's additive mask, scaled, −inf where blocked.
         """
-        if bd is None:
-            bd = rel_shift((q + vb[:, None, :]) @ r.transpose(-1, -2))
-        bias = (bd * self.scale).masked_fill(blocked, float("-inf"))
+        if bd is None:  # the scale folded into the (B, H, n, Dh) queries rather than the scores
+            bias = rel_shift(((q + vb[:, None, :]) * self.scale) @ r.transpose(-1, -2))
+        else:
+            bias = bd * self.scale
+        bias.masked_fill_(blocked, float("-inf"))  # a fresh tensor: filled in place
         dropout_p = self.dropatt.p if self.training else 0.0
         return F.scaled_dot_product_attention(
             q + u[:, None, :], k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=self.scale
