@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from longctx.methods.adaptive_span.attention import band_attention
+from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.transformer_xl.memory import reset_memory_rows
+from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import RelMultiHeadAttention, sinusoid_positions
 from longctx.methods.transformer_xl.trams import TramsSettings
@@ -321,3 +323,19 @@ def test_fused_band_attention_drops_normalised_probabilities():
     assert not torch.equal(draws[0], draws[1])
     expected = band_attention(q, k, v, pe, mask, dropout.eval(), 4, fused=False)
     torch.testing.assert_close(draws.mean(0), expected, rtol=0, atol=0.15)
+
+
+# ------------------------------------------------------------------ the knob in the modules
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_the_modules_hand_the_knob_to_every_layer(attention):
+    """`model.init_args.attention` of the configs reaches every attention layer."""
+    xl = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention=attention)
+    span = AdaptiveSpanLM(vocab_size=30, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16)
+    assert span.net.layers[0].attn.attention == "sdpa"  # the default
+    span = AdaptiveSpanLM(
+        vocab_size=30, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16, attention=attention
+    )
+    assert [layer.attn.attention for layer in xl.net.layers] == [attention] * 2
+    assert [layer.attn.attention for layer in span.net.layers] == [attention] * 2
