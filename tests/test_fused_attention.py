@@ -4,6 +4,8 @@ gradient, for each method and option."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -306,6 +308,28 @@ def test_band_attention_fused_equals_eager_with_zero_mask_entries(chunk_size, ma
     for fused_grad, eager_grad in zip(grads[1], grads[0], strict=True):
         assert fused_grad.isfinite().all()
         torch.testing.assert_close(fused_grad, eager_grad, **TOL)
+
+
+def test_adaptive_span_fused_differs_from_eager_only_by_the_codes_epsilon():
+    """The code renormalises by Σ m·p + 1e-8 (p: the unmasked softmax): eager is the log-mask softmax
+    times 1 / (1 + 1e-8 / Σ m·p). One query, two keys: distance 2 (mask 0) takes all but p₁ = 1e-4
+    of the probability, distance 1 (mask 1) p₁; the output is its value, shrunk by eager only."""
+    q = torch.tensor([1.0, 0.0], dtype=torch.double).view(1, 1, 1, 2)
+    p1 = 1e-4
+    k = torch.zeros(1, 1, 3, 2, dtype=torch.double)
+    k[0, 0, 0, 0] = math.log((1 - p1) / p1) * math.sqrt(2)  # distance-2 key: score log((1 − p₁)/p₁)
+    v = torch.ones(1, 1, 3, 2, dtype=torch.double)
+    pe, mask = (
+        torch.zeros(2, 2, dtype=torch.double),
+        torch.tensor([0.0, 1.0], dtype=torch.double).view(1, 1, 1, 2),
+    )
+    out = {
+        fused: band_attention(q, k, v, pe, mask, torch.nn.Dropout(0.0), 64, fused) for fused in (False, True)
+    }
+    torch.testing.assert_close(out[True], torch.ones_like(out[True]), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        out[False] / out[True], torch.full_like(out[True], 1 / (1 + 1e-8 / p1)), rtol=1e-9, atol=0
+    )
 
 
 def test_adaptive_span_is_fused_by_default():
