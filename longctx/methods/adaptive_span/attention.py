@@ -20,8 +20,8 @@ M·(M + L)); c = min(M, max(chunk_size, L)) costs M·(L + c), which is what make
 
 `attention="sdpa"` (the default) runs each chunk's attention in one fused kernel
 (`F.scaled_dot_product_attention` over the chunk's L + c keys): the position term q·p, the span mask as
-an additive log-mask (log m, −inf where m = 0) and −inf outside the band form its float mask (skewed
-like the probabilities). softmax(s + log m) = m·e^s / Σ m·e^s is the code's masked, renormalised
+an additive log-mask (log(m + 1e-30), see `_fused_band`) and −inf outside the band form its float
+mask (skewed like the probabilities). softmax(s + log m) = m·e^s / Σ m·e^s is the code's masked, renormalised
 softmax except for its epsilon: the code divides by Σ m·p + 1e-8 (p = the unmasked softmax), so it is
 smaller by the factor 1 / (1 + 1e-8 / Σ m·p), a relative 1e-8 / Σ m·p (below 1e-7 while a tenth of the
 probability falls inside the span; distance 1 always has m = 1). Attention dropout is applied by the

@@ -11,7 +11,9 @@ q/k/v/r/o projections have no bias; the sinusoid is [sin | cos] over positions k
 `attention="sdpa"` (the default) computes the same attention with one fused kernel,
 `F.scaled_dot_product_attention`: the u term is folded into the query (q + u), and the position term
 (the relative-shifted (q + v)·r, or TRAMS's gathered one), scaled and −inf on the blocked pairs, is
-its additive float mask; no score or probability matrix is materialised besides that mask. It equals
+its additive float mask; no score or probability matrix is materialised besides that mask (on CPU,
+where the kernel has no gradient for its mask, PyTorch runs SDPA's unfused math path when the mask
+needs one, i.e. in training). It equals
 `"eager"` (the code's op-by-op form) to float rounding (~1e-7 in float32; tests/test_fused_attention.py).
 The kernel applies attention dropout to the normalised probabilities, as the code's `dropatt` after
 the softmax: the same distribution, a different random stream. Calls that need the probabilities
