@@ -17,8 +17,8 @@ needs one, i.e. in training). It equals
 `"eager"` (the code's op-by-op form) to float rounding (~1e-7 in float32; tests/test_fused_attention.py).
 The kernel applies attention dropout to the normalised probabilities, as the code's `dropatt` after
 the softmax: the same distribution, a different random stream. Calls that need the probabilities
-(`need_mass`, `need_weights`) and windows where a query has no key (same_length 0: eager's NaN is
-kept rather than the kernel's zeros) run the eager path.
+(`need_mass`, `need_weights`), windows where a query has no key (same_length 0: eager's NaN is
+kept rather than the kernel's zeros) and code compiled by torch.compile run the eager path.
 
 A layer can also attend to a TRAMS-selected window of its memory (`longctx.methods.transformer_xl.trams`).
 """
@@ -278,7 +278,10 @@ class RelMultiHeadAttention(nn.Module):
         r = self._positions(pos_emb, W) if bd is None else None
         blocked = window_blocked(key_valid, n, same_length)
         probs = mem_mass = None
-        if self.attention == "sdpa" and not (need_mass or need_weights) and same_length != 0:
+        # Under torch.compile the eager ops are compiled (inductor fuses them): compiling the fused
+        # path's training graph did not finish in 20 min on the 2-core CPU (eager's: about 2 min).
+        fused = self.attention == "sdpa" and not torch.compiler.is_compiling()
+        if fused and not (need_mass or need_weights) and same_length != 0:
             attn = self._fused(q, k, v, r, bd, r_w_bias, r_r_bias, blocked)  # (B, H, n, Dh)
         else:
             probs = self._softmax(self._scores(q, k, r, bd, r_w_bias, r_r_bias), blocked)  # (B, H, n, W)
