@@ -20,6 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
 TINY_RUNS = {
+    "attention.py": (
+        [
+            *("--vocab", "64", "--n_layers", "2", "--d_model", "32", "--n_heads", "2", "--d_inner", "64"),
+            *("--batch", "2", "--tgt_len", "16", "--mem_len", "16", "--pool", "32", "--attended", "16"),
+            *("--kept", "8", "--attn_span", "64", "--warmup", "2", "--rounds", "1"),
+        ],
+        "| adaptive_span | eval |",
+    ),
     "trams.py": (
         [
             "--shape",

@@ -17,6 +17,16 @@ The band of L keys per query is computed exactly, block by block: queries are cu
 positions, each chunk reads the L + c keys that cover its band, and the code's "skew" turns those
 c × (L + c) content logits into the c × L band. c = M is the released code's formulation (cost
 M·(M + L)); c = min(M, max(chunk_size, L)) costs M·(L + c), which is what makes small spans cheap.
+
+`attention="sdpa"` (the default) runs each chunk's attention in one fused kernel
+(`F.scaled_dot_product_attention` over the chunk's L + c keys): the position term q·p, the span mask as
+an additive log-mask (log(m + 1e-30), see `_fused_band`) and −inf outside the band form its float
+mask (skewed like the probabilities). softmax(s + log m) = m·e^s / Σ m·e^s is the code's masked, renormalised
+softmax except for its epsilon: the code divides by Σ m·p + 1e-8 (p = the unmasked softmax), so it is
+smaller by the factor 1 / (1 + 1e-8 / Σ m·p), a relative 1e-8 / Σ m·p (below 1e-7 while a tenth of the
+probability falls inside the span; distance 1 always has m = 1). Attention dropout is applied by the
+kernel to the normalised probabilities, as the code's dropout after the renormalisation: the same
+distribution, another random stream. `"eager"` is the code's op-by-op computation.
 """
 
 from __future__ import annotations
@@ -29,7 +39,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, renormalise
+from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
 
+LOG_MASK_FLOOR = 1e-30  # added to the span mask before its log (`_fused_band`)
 SpanKind = Literal["fixed", "adaptive", "dynamic"]
 SpanTrim = Literal["layer", "head"]
 
@@ -42,10 +54,10 @@ def unskew(x: Tensor) -> Tensor:
     return x.view(*x.shape[:-1], c, L + c + 1)[..., :L]
 
 
-def skew(x: Tensor) -> Tensor:
-    """(..., c, L) -> (..., c, L + c): the inverse of `unskew`, zeros outside the band."""
+def skew(x: Tensor, outside: float = 0.0) -> Tensor:
+    """(..., c, L) -> (..., c, L + c): the inverse of `unskew`, `outside` outside the band."""
     c, L = x.shape[-2:]
-    x = F.pad(x, (0, c + 1)).flatten(-2)  # (..., c·(L + c + 1))
+    x = F.pad(x, (0, c + 1), value=outside).flatten(-2)  # (..., c·(L + c + 1))
     return x[..., : c * (L + c)].view(*x.shape[:-1], c, L + c)
 
 
@@ -74,12 +86,15 @@ def band_attention(
     mask: Tensor | None,
     dropout: nn.Dropout,
     chunk_size: int,
+    fused: bool = False,
 ) -> Tensor:
     """Attention of each query over its L previous keys, with position logits and a span mask.
 
     q: (B, H, M, Dh); k, v: (B, H, L + M, Dh), where query i sits at key index L + i and attends to
     keys i .. i + L - 1 (distances L .. 1); key_pe: (Dh, L), column t for distance L - t;
-    mask: None, or broadcastable to (B, H, M, L) with dims (B|1, H, M|1, L). Returns (B, H, M, Dh).
+    mask: None, or broadcastable to (B, H, M, L) with dims (B|1, H, M|1, L); fused: one
+    `scaled_dot_product_attention` per call with the log-mask (module docstring), else the code's
+    ops. Returns (B, H, M, Dh).
     """
     B, H, M, Dh = q.shape
     L = k.shape[2] - M
@@ -91,15 +106,19 @@ def band_attention(
     q = q.view(B, H, n, c, Dh)
     k = key_windows(k, L, c)  # (B, H, n, L + c, Dh): chunk j reads keys j·c .. j·c + L + c - 1
     v = key_windows(v, L, c)  # (B, H, n, L + c, Dh)
-    content = unskew(q @ k.transpose(-1, -2))  # (B, H, n, c, L)
     position = q @ key_pe  # (B, H, n, c, L)
-    logits = content + position  # (B, H, n, c, L); the softmax runs in float32 at least (bf16 autocast)
-    probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / math.sqrt(Dh), dim=-1)
     if mask is not None:
         if mask.shape[2] > 1:
             mask = F.pad(mask, (0, 0, 0, pad)).reshape(mask.shape[0], H, n, c, L)
         else:
             mask = mask[:, :, None]  # (B|1, H, 1, 1, L)
+    if fused:
+        out = _fused_band(q, k, v, position, mask, dropout)
+        return out.view(B, H, n * c, Dh)[:, :, :M]
+    content = unskew(q @ k.transpose(-1, -2))  # (B, H, n, c, L)
+    logits = content + position  # (B, H, n, c, L); the softmax runs in float32 at least (bf16 autocast)
+    probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / math.sqrt(Dh), dim=-1)
+    if mask is not None:
         probs = renormalise(probs, mask)
     probs = dropout(probs).to(v.dtype)
     out = skew(probs) @ v  # (B, H, n, c, Dh)
@@ -111,10 +130,36 @@ def cap_length(length: int, span_cap: int | None) -> int:
     return length if span_cap is None else min(length, span_cap)
 
 
+def _fused_band(
+    q: Tensor, k: Tensor, v: Tensor, position: Tensor, mask: Tensor | None, dropout: nn.Dropout
+) -> Tensor:
+    """The band attention of `band_attention`'s chunks in one fused kernel: (B, H, n, c, Dh).
+
+    q: (B, H, n, c, Dh); k, v: (B, H, n, L + c, Dh) each chunk's keys; position: (B, H, n, c, L) the
+    position logits q·p; mask: None or (B|1, H, n|1, c|1, L). The kernel's additive mask is
+    position / √Dh + log m in the band, −inf outside it.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    bias = position * scale
+    if mask is not None:
+        # log(m + 1e-30), not log m: a key with m = 0 keeps a probability 1e-30 times its unmasked one
+        # (eager: 0), and the gradient of m there stays eager's p·(…) (the ramp's clamp passes it at
+        # exactly 0) instead of 0·∞ = NaN; for m > 0 it is log m in float32.
+        exact = mask.to(torch.promote_types(mask.dtype, torch.float32))  # 1e-30 is 0 in half precision
+        bias = bias + (exact + LOG_MASK_FLOOR).log().to(bias.dtype)
+    dropout_p = dropout.p if dropout.training else 0.0
+    # Chunks folded into the head dim: with 5-d inputs the kernel falls back to its unfused math path.
+    B, H, n, c, Dh = q.shape
+    q, k, v, bias = (t.reshape(B, H * n, *t.shape[-2:]) for t in (q, k, v, skew(bias, float("-inf"))))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    return out.view(B, H, n, c, Dh)
+
+
 class SpanAttention(nn.Module):
     """Multi-head attention over the previous S positions with a fixed, adaptive or dynamic span.
 
-    Bias-free Q/K/V/O projections (as in the code). The caller passes the layer's cache of previous
+    Bias-free Q/K/V/O projections (as in the code). attention: "sdpa" (fused, default) or "eager" (the
+    code's ops); see the module docstring. The caller passes the layer's cache of previous
     hidden states and the shared key position embedding.
     """
 
@@ -130,8 +175,11 @@ class SpanAttention(nn.Module):
         dynamic_bias_init: float = -4.0,
         chunk_size: int = 64,
         span_trim: SpanTrim = "head",
+        attention: AttentionKernel = "sdpa",
     ) -> None:
         super().__init__()
+        check_attention_kernel(attention)
+        self.attention = attention
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if span not in ("fixed", "adaptive", "dynamic"):
@@ -208,7 +256,9 @@ class SpanAttention(nn.Module):
             mask = self.dynamic_span.mask(z_t, L)  # (B, H, M, L)
         else:
             mask = None
-        out = band_attention(q, k, v, key_pe[:, self.S - L :], mask, self.dropout, self.chunk_size)
+        out = band_attention(
+            q, k, v, key_pe[:, self.S - L :], mask, self.dropout, self.chunk_size, self.attention == "sdpa"
+        )
         out = out.transpose(1, 2).reshape(B, M, d)
         return self.proj_out(out), z_t, L
 
@@ -234,7 +284,9 @@ class SpanAttention(nn.Module):
             q = q_all.index_select(2, idx).transpose(1, 2)  # (B, Hg, M, Dh)
             mask = self.adaptive_mask.mask(L_h).index_select(0, idx)[None, :, None, :]  # (1, Hg, 1, L_h)
             pe = key_pe[:, self.S - L_h :]  # (Dh, L_h)
-            outs.append(band_attention(q, k, v, pe, mask, self.dropout, self.chunk_size))  # (B, Hg, M, Dh)
+            fused = self.attention == "sdpa"
+            out = band_attention(q, k, v, pe, mask, self.dropout, self.chunk_size, fused)  # (B, Hg, M, Dh)
+            outs.append(out)
             order += heads
         inverse = torch.argsort(torch.tensor(order, device=device))  # grouped order -> head order
         return torch.cat(outs, dim=1).index_select(1, inverse)  # (B, H, M, Dh)

@@ -41,6 +41,7 @@ from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
+from longctx.methods.attention_kernel import AttentionKernel
 from longctx.optim.adagrad import ClippedAdagrad
 
 
@@ -65,6 +66,8 @@ class AdaptiveSpanLM(LMBase):
             cap, the paper's model). Each layer's attended length is trimmed to it, i.e. the span mask
             is multiplied by 1[x <= cap] and renormalised: what the model scores with at most `cap`
             previous tokens (`python -m longctx context` sweeps it). Training ignores it.
+        attention: "sdpa" (the attention in one fused kernel per chunk, default) or "eager" (the
+            released code's ops); equal up to the code's renormalisation epsilon (see `attention`).
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
@@ -89,6 +92,7 @@ class AdaptiveSpanLM(LMBase):
         chunk_size: int = 64,
         span_trim: SpanTrim = "head",
         eval_span_cap: int | None = None,
+        attention: AttentionKernel = "sdpa",
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -118,6 +122,7 @@ class AdaptiveSpanLM(LMBase):
             dynamic_bias_init=dynamic_bias_init,
             chunk_size=chunk_size,
             span_trim=span_trim,
+            attention=attention,
         )
         self.span_loss = span_loss
         self.eval_span_cap = eval_span_cap

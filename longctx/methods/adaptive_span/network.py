@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind, SpanTrim
 from longctx.methods.adaptive_span.memory import SpanCache
+from longctx.methods.attention_kernel import AttentionKernel
 
 
 @dataclass
@@ -78,6 +79,8 @@ class SpanTransformer(nn.Module):
         chunk_size: query chunk of the exact band attention (see `span_attention`).
         span_trim: "head" (each head attends its own trimmed span; exact) or "layer" (the released
             code: every head of a layer attends the layer's largest span; the reference).
+        attention: "sdpa" (one fused kernel per chunk, default) or "eager" (the code's ops); equal up to
+            the code's renormalisation epsilon (see `attention`).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class SpanTransformer(nn.Module):
         dynamic_bias_init: float = -4.0,
         chunk_size: int = 64,
         span_trim: SpanTrim = "head",
+        attention: AttentionKernel = "sdpa",
     ) -> None:
         super().__init__()
         self.d_model, self.span = d_model, span
@@ -110,6 +114,7 @@ class SpanTransformer(nn.Module):
             dynamic_bias_init=dynamic_bias_init,
             chunk_size=chunk_size,
             span_trim=span_trim,
+            attention=attention,
         )
         self.layers = nn.ModuleList(
             SpanBlock(d_model, n_heads, d_inner, attn_span, dropout, **span_kwargs) for _ in range(n_layers)

@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.methods.attention_kernel import AttentionKernel
 from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.compression import CompressionKind
@@ -64,6 +65,9 @@ class CompressiveTransformerLM(LMBase):
         eval_mem_len, eval_cmem_len, eval_clamp_len, eval_same_length: the same at validation/test
             (None = training's).
         log_compressed_attention: log the attention on the compressed memory at evaluation.
+        attention: Transformer-XL's attention kernel ("sdpa" fused, default, or "eager"); the layers
+            fall back to the eager ops where the attention weights are needed (most-used compression,
+            the compressed-memory attention logged at evaluation).
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
     """
 
@@ -86,6 +90,7 @@ class CompressiveTransformerLM(LMBase):
         init_std: float = 0.02,
         proj_init_std: float = 0.01,
         untie_r: bool = False,
+        attention: AttentionKernel = "sdpa",
         mem_len: int = 512,
         cmem_len: int = 512,
         compression: CompressionKind = "conv",

@@ -59,6 +59,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.methods.attention_kernel import AttentionKernel
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.memory import XLMemory
@@ -87,6 +88,8 @@ class TransformerXLLM(LMBase):
         trams_attended, trams_pool, trams_kept, trams_metric, trams_positions: TRAMS's m, M (default:
             the evaluation memory length), m − k, metric and positions; trams_attended None = off.
         log_attention_mass: log `trams/mem_mass*` at evaluation (costs one reduction per layer).
+        attention: "sdpa" (the attention in one fused kernel, default) or "eager" (op by op, as the
+            released code); equal to float rounding, see `relative_attention`.
         eval_cache_kv: at evaluation, carry the memory's keys and values instead of projecting the
             memory again every segment (exact; the released codes re-project).
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam 2.5e-4, cosine, no warm-up).
@@ -125,6 +128,7 @@ class TransformerXLLM(LMBase):
         trams_positions: Positions = "compact",
         log_attention_mass: bool = True,
         eval_cache_kv: bool = True,
+        attention: AttentionKernel = "sdpa",
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -152,6 +156,7 @@ class TransformerXLLM(LMBase):
             init_std=init_std,
             proj_init_std=proj_init_std,
             untie_r=untie_r,
+            attention=attention,
         )
         self.mem_len, self.clamp_len, self.same_length = mem_len, clamp_len, same_length
         self.eval_mem_len = mem_len if eval_mem_len is None else eval_mem_len

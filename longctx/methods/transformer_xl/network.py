@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
 from longctx.methods.transformer_xl.adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.memory import XLMemory, empty_memory, update_memory, zero_memory
 from longctx.methods.transformer_xl.relative_attention import (
@@ -76,10 +77,11 @@ class XLBlock(nn.Module):
         dropatt: float,
         pre_lnorm: bool,
         layer_norm_eps: float,
+        attention: AttentionKernel = "sdpa",
     ) -> None:
         super().__init__()
         self.attn = RelMultiHeadAttention(
-            d_model, n_heads, d_head, dropout, dropatt, pre_lnorm, layer_norm_eps
+            d_model, n_heads, d_head, dropout, dropatt, pre_lnorm, layer_norm_eps, attention
         )
         self.ff = PositionwiseFF(d_model, d_inner, dropout, pre_lnorm, layer_norm_eps)
 
@@ -115,6 +117,8 @@ class TransformerXL(nn.Module):
         init_std, proj_init_std: initialisation (code: 0.02, 0.01).
         untie_r: one pair u, v per layer (Hugging Face's `untie_r`, as transfo-xl-wt103 and the TF
             code's `untie_r`) instead of kimiyoung's PyTorch pair shared by all layers.
+        attention: "sdpa" (one fused kernel, default) or "eager" (op by op, as the code); equal to
+            float rounding (`relative_attention`).
     """
 
     def __init__(
@@ -137,8 +141,11 @@ class TransformerXL(nn.Module):
         proj_init_std: float = 0.01,
         layer_norm_eps: float = 1e-5,
         untie_r: bool = False,
+        attention: AttentionKernel = "sdpa",
     ) -> None:
         super().__init__()
+        check_attention_kernel(attention)
+        self.attention = attention
         d_head = d_head or d_model // n_heads
         d_embed = d_embed or d_model
         if d_model % 2:
@@ -152,7 +159,7 @@ class TransformerXL(nn.Module):
         self.r_w_bias = nn.Parameter(torch.empty(bias_shape))  # u (per layer with untie_r)
         self.r_r_bias = nn.Parameter(torch.empty(bias_shape))  # v
         self.layers = nn.ModuleList(
-            XLBlock(d_model, n_heads, d_head, d_inner, dropout, dropatt, pre_lnorm, layer_norm_eps)
+            XLBlock(d_model, n_heads, d_head, d_inner, dropout, dropatt, pre_lnorm, layer_norm_eps, attention)
             for _ in range(n_layers)
         )
         self._init_weights(init_std, proj_init_std)

@@ -8,6 +8,18 @@ q/k/v/r/o projections have no bias; the sinusoid is [sin | cos] over positions k
 `clamp_len`; masked scores are −inf and the softmax runs in float32; post-LayerNorm by default, pre-LN
 (LayerNorm on [memory, segment] before the projections, no LayerNorm after) as an option.
 
+`attention="sdpa"` (the default) computes the same attention with one fused kernel,
+`F.scaled_dot_product_attention`: the u term is folded into the query (q + u), and the position term
+(the relative-shifted (q + v)·r, or TRAMS's gathered one), scaled and −inf on the blocked pairs, is
+its additive float mask; no score or probability matrix is materialised besides that mask (on CPU,
+where the kernel has no gradient for its mask, PyTorch runs SDPA's unfused math path when the mask
+needs one, i.e. in training). It equals
+`"eager"` (the code's op-by-op form) to float rounding (~1e-7 in float32; tests/test_fused_attention.py).
+The kernel applies attention dropout to the normalised probabilities, as the code's `dropatt` after
+the softmax: the same distribution, a different random stream. Calls that need the probabilities
+(`need_mass`, `need_weights`), windows where a query has no key (same_length 0: eager's NaN is
+kept rather than the kernel's zeros) and code compiled by torch.compile run the eager path.
+
 A layer can also attend to a TRAMS-selected window of its memory (`longctx.methods.transformer_xl.trams`).
 """
 
@@ -21,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
 from longctx.methods.transformer_xl.slot_store import cat_slots
 from longctx.methods.transformer_xl.trams import (
     TramsSelection,
@@ -113,7 +126,10 @@ class AttentionOutput:
 
 
 class RelMultiHeadAttention(nn.Module):
-    """One XL attention sub-layer, with its residual and LayerNorm (the code's `dec_attn`)."""
+    """One XL attention sub-layer, with its residual and LayerNorm (the code's `dec_attn`).
+
+    attention: "sdpa" (fused, default) or "eager" (op by op, as the code); see the module docstring.
+    """
 
     def __init__(
         self,
@@ -124,8 +140,11 @@ class RelMultiHeadAttention(nn.Module):
         dropatt: float = 0.0,
         pre_lnorm: bool = False,
         layer_norm_eps: float = 1e-5,
+        attention: AttentionKernel = "sdpa",
     ) -> None:
         super().__init__()
+        check_attention_kernel(attention)
+        self.attention = attention
         self.n_heads, self.d_head, self.pre_lnorm = n_heads, d_head, pre_lnorm
         self.qkv_net = nn.Linear(d_model, 3 * n_heads * d_head, bias=False)
         self.r_net = nn.Linear(d_model, n_heads * d_head, bias=False)
@@ -162,6 +181,32 @@ class RelMultiHeadAttention(nn.Module):
         if bd is None:
             bd = rel_shift((q + v[:, None, :]) @ r.transpose(-1, -2))
         return (ac + bd) * self.scale
+
+    def _fused(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        r: Tensor | None,
+        bd: Tensor | None,
+        u: Tensor,
+        vb: Tensor,
+        blocked: Tensor,
+    ) -> Tensor:
+        """softmax([(q + u)·k + bd] / √Dh, −inf where blocked) @ v by one fused kernel: (B, H, n, Dh).
+
+        bd: the position term (B, H, n, W), else rel_shift((q + v)·r) (its garbage above the diagonal
+        is blocked, as in eager); it enters as the kernel's additive mask, scaled, −inf where blocked.
+        """
+        if bd is None:  # the scale folded into the (B, H, n, Dh) queries rather than the scores
+            bias = rel_shift(((q + vb[:, None, :]) * self.scale) @ r.transpose(-1, -2))
+        else:
+            bias = bd * self.scale
+        bias.masked_fill_(blocked, float("-inf"))  # a fresh tensor: filled in place
+        dropout_p = self.dropatt.p if self.training else 0.0
+        return F.scaled_dot_product_attention(
+            q + u[:, None, :], k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=self.scale
+        )
 
     @staticmethod
     def _softmax(scores: Tensor, blocked: Tensor) -> Tensor:
@@ -231,10 +276,17 @@ class RelMultiHeadAttention(nn.Module):
             bd = None
         W = k.shape[2]
         r = self._positions(pos_emb, W) if bd is None else None
-        scores = self._scores(q, k, r, bd, r_w_bias, r_r_bias)  # (B, H, n, W)
-        probs = self._softmax(scores, window_blocked(key_valid, n, same_length))
-        mem_mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
-        attn = self.dropatt(probs).to(v.dtype) @ v  # (B, H, n, Dh)
+        blocked = window_blocked(key_valid, n, same_length)
+        probs = mem_mass = None
+        # Under torch.compile the eager ops are compiled (inductor fuses them): compiling the fused
+        # path's training graph did not finish in 20 min on the 2-core CPU (eager's: about 2 min).
+        fused = self.attention == "sdpa" and not torch.compiler.is_compiling()
+        if fused and not (need_mass or need_weights) and same_length != 0:
+            attn = self._fused(q, k, v, r, bd, r_w_bias, r_r_bias, blocked)  # (B, H, n, Dh)
+        else:
+            probs = self._softmax(self._scores(q, k, r, bd, r_w_bias, r_r_bias), blocked)  # (B, H, n, W)
+            mem_mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
+            attn = self.dropatt(probs).to(v.dtype) @ v  # (B, H, n, Dh)
         out = self.drop(self.o_net(attn.transpose(1, 2).reshape(B, n, -1)))
         out = x + out if self.pre_lnorm else self.layer_norm(x + out)
         return AttentionOutput(

@@ -1,0 +1,142 @@
+"""Eager vs fused (SDPA) attention, tokens per second, one shape per method (issue 24).
+
+    OMP_NUM_THREADS=1 python benchmarks/attention.py --threads 1
+
+Per method, the network with `attention="eager"` (the authors' op-by-op computation) and
+`attention="sdpa"` (one fused kernel) on the same weights; the two take turns, step by step, so a
+change of the machine's load hits both alike, and each step's ratio is formed within its round.
+Training: forward and backward of the summed NLL over one segment with the memory carried (dropout
+off). Evaluation: `torch.no_grad`, the memory carried (XL and TRAMS with the key/value cache,
+TRAMS with the score cache). Prints tokens/s (median over the timed rounds) and the median of the
+per-round ratios sdpa ÷ eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from longctx.methods.adaptive_span.network import SpanTransformer
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.transformer_xl.trams import TramsSettings
+
+KERNELS = ("eager", "sdpa")
+
+
+def use_kernel(model: torch.nn.Module, attention: str) -> None:
+    for module in model.modules():
+        if hasattr(module, "attention"):
+            module.attention = attention
+
+
+def xl_step(args: argparse.Namespace, trams: bool, train: bool) -> tuple[torch.nn.Module, Callable[[], None]]:
+    """A step of Transformer-XL (or TRAMS at evaluation) at the memory's full length."""
+    torch.manual_seed(0)
+    model = TransformerXL(
+        args.vocab, args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0
+    ).train(train)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.tgt_len + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    settings = TramsSettings(args.attended, args.kept) if trams else None
+    mem_len = args.pool if trams else args.mem_len
+    cache = not train
+    state = {}
+
+    def step() -> None:
+        with torch.set_grad_enabled(train):
+            memory = state.get("memory") or model.empty_memory(args.batch)
+            out = model(x, memory, mem_len=mem_len, same_length=True, trams=settings, cache_kv=cache)
+            if train:
+                model.nll(out.hidden, y).sum().backward()
+            state["memory"] = out.memory  # full after mem_len / n warm-up steps
+
+    return model, step
+
+
+def span_step(args: argparse.Namespace, train: bool) -> tuple[torch.nn.Module, Callable[[], None]]:
+    """A step of adaptive span with spans spread over [0, S/2] (heads trimmed to their own)."""
+    torch.manual_seed(0)
+    model = SpanTransformer(
+        args.vocab, args.d_model, args.n_layers, args.n_heads, args.d_inner, args.attn_span, dropout=0.0
+    ).train(train)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attn.adaptive_mask.z_ratio.copy_(torch.linspace(0.0, 0.5, args.n_heads))
+    tokens = torch.randint(0, args.vocab, (args.batch, args.tgt_len + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    cache = model.init_cache(args.batch)
+
+    def step() -> None:
+        with torch.set_grad_enabled(train):
+            logits = model(x, cache).logits
+            if train:
+                torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="sum").backward()
+
+    return model, step
+
+
+def measure(model: torch.nn.Module, step: Callable[[], None], args: argparse.Namespace) -> dict[str, float]:
+    """Warm-up rounds (the memory fills), then timed rounds, the kernels taking turns."""
+    times: dict[str, list[float]] = {k: [] for k in KERNELS}
+    for round_ in range(args.warmup + args.rounds):
+        for kernel in KERNELS:
+            use_kernel(model, kernel)
+            model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            step()
+            if round_ >= args.warmup:
+                times[kernel].append(time.perf_counter() - start)
+    tokens = args.batch * args.tgt_len
+    ratios = [e / s for e, s in zip(times["eager"], times["sdpa"])]
+    result = {f"{k} tok/s": tokens / statistics.median(t) for k, t in times.items()}
+    result["sdpa ÷ eager (speed)"] = statistics.median(ratios)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--methods", nargs="+", default=["xl", "trams", "adaptive_span"])
+    parser.add_argument("--modes", nargs="+", default=["train", "eval"], choices=["train", "eval"])
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--n_layers", type=int, default=4)
+    parser.add_argument("--d_model", type=int, default=256)
+    parser.add_argument("--n_heads", type=int, default=8)
+    parser.add_argument("--d_inner", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--tgt_len", type=int, default=64, help="n (XL, TRAMS); the block (adaptive span)")
+    parser.add_argument("--mem_len", type=int, default=200, help="XL's memory")
+    parser.add_argument("--pool", type=int, default=400, help="TRAMS's M")
+    parser.add_argument("--attended", type=int, default=200, help="TRAMS's m")
+    parser.add_argument("--kept", type=int, default=150, help="TRAMS's m − k")
+    parser.add_argument("--attn_span", type=int, default=1024, help="adaptive span's S")
+    parser.add_argument("--warmup", type=int, default=8, help="untimed rounds (fill the memory)")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (median)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"threads {args.threads}, torch {torch.__version__}")
+    print("| method | mode | eager tok/s | sdpa tok/s | sdpa ÷ eager (median of per-round ratios) |")
+    print("|---|---|---:|---:|---:|")
+    for method in args.methods:
+        for mode in args.modes:
+            train = mode == "train"
+            if method == "trams" and train:
+                continue  # TRAMS is an evaluation method
+            model, step = (
+                span_step(args, train)
+                if method == "adaptive_span"
+                else xl_step(args, method == "trams", train)
+            )
+            r = measure(model, step, args)
+            print(
+                f"| {method} | {mode} | {r['eager tok/s']:,.0f} | {r['sdpa tok/s']:,.0f} | "
+                f"{r['sdpa ÷ eager (speed)']:.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
