@@ -379,3 +379,25 @@ def test_key_value_cache_equals_projecting_the_memory_again(pre_lnorm):
             cached = reset_memory_rows(cached, torch.tensor([True, False]))
             plain = reset_memory_rows(plain, torch.tensor([True, False]))
             assert cached.key is None
+
+
+@pytest.mark.parametrize("module", ["transformer_xl", "compressive_transformer"])
+def test_word_level_cutoffs_on_a_byte_vocabulary_give_a_full_softmax(module, caplog):
+    """transformer_xl_tiny's cutoffs [2000, 8000] read at byte level (256 symbols): the network is the
+    full-softmax one (same parameters, same FLOPs count) and one line says so."""
+    from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
+
+    cls = TransformerXLLM if module == "transformer_xl" else CompressiveTransformerLM
+    sizes = dict(vocab_size=256, n_layers=1, d_model=16, n_heads=2, d_inner=32, mem_len=8)
+    with caplog.at_level("INFO"):
+        word_recipe = cls(**sizes, cutoffs=[200, 2000, 8000])
+    full = cls(**sizes, cutoffs=[])
+    assert word_recipe.cutoffs == [200] and full.cutoffs == []
+    assert word_recipe.net.crit.cutoffs == [200, 256]
+    assert "cutoffs [200, 2000, 8000] reach past the vocabulary (256)" in caplog.text
+    beyond = cls(**sizes, cutoffs=[2000, 8000])
+    assert beyond.cutoffs == [] and beyond.net.crit.cutoffs == [256]
+    assert {k: v.shape for k, v in beyond.net.state_dict().items()} == {
+        k: v.shape for k, v in full.net.state_dict().items()
+    }
+    assert beyond.flops_per_token(16) == full.flops_per_token(16)

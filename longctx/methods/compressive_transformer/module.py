@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
@@ -37,6 +38,7 @@ from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.compression import CompressionKind
 from longctx.methods.compressive_transformer.memory import CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer, Reconstruction
+from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
 from longctx.methods.transformer_xl.network import TransformerXL
 
 # The arguments of `TransformerXL` that this module takes under the same names.
@@ -119,12 +121,19 @@ class CompressiveTransformerLM(LMBase):
         # Transformer-XL's network knobs are this module's arguments of the same names (one list of
         # them per network is issue 21's `TransformerXL.Config`, not there yet).
         xl_knobs = {k: self.hparams[k] for k in XL_NETWORK_KNOBS}
+        # A word-level recipe's cutoffs on a byte-level corpus: a full softmax, said once.
+        self.cutoffs = cutoffs_within(vocab_size, cutoffs)
+        if len(self.cutoffs) < len(cutoffs or []):
+            rank_zero_info(
+                f"longctx: cutoffs {list(cutoffs or [])} reach past the vocabulary ({vocab_size}): "
+                f"adaptive softmax cutoffs {self.cutoffs or 'none (a full softmax)'}"
+            )
         self.net = CompressiveTransformer(
             vocab_size,
             compression=compression,
             compression_rate=compression_rate,
             reconstruction=reconstruction,
-            **{**xl_knobs, "cutoffs": cutoffs or []},
+            **{**xl_knobs, "cutoffs": self.cutoffs},
         )
         self.mem_len, self.cmem_len = mem_len, cmem_len
         self.clamp_len, self.same_length = clamp_len, same_length
@@ -159,7 +168,7 @@ class CompressiveTransformerLM(LMBase):
             cmem_len=self.eval_cmem_len,
             compression=h.compression,
             compression_rate=h.compression_rate,
-            cutoffs=h.cutoffs or (),
+            cutoffs=self.cutoffs,
             d_embed=h.d_embed,
             div_val=h.div_val,
         )

@@ -26,6 +26,17 @@ def _atleast_float32(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def cutoffs_within(n_token: int, cutoffs: Sequence[int] | None) -> list[int]:
+    """The cutoffs that split a vocabulary of `n_token` (those below it).
+
+    A cutoff at or past the vocabulary size would make a cluster with no word in it: a word-level
+    recipe (e.g. `cutoffs: [2000, 8000]`) read at byte level (256 symbols) keeps a full softmax, the
+    only model such cutoffs can mean. `n_token` 0 (not linked yet) keeps them all.
+    """
+    cutoffs = list(cutoffs or [])
+    return cutoffs if n_token <= 0 else [c for c in cutoffs if c < n_token]
+
+
 def _check_cutoffs(n_token: int, cutoffs: Sequence[int]) -> list[int]:
     cutoffs = list(cutoffs)
     if cutoffs != sorted(cutoffs) or (cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= n_token)):

@@ -56,12 +56,14 @@ from typing import Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.methods.attention_kernel import AttentionKernel
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
+from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
 from longctx.methods.transformer_xl.memory import XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import Metric, Positions, TramsSettings
@@ -138,6 +140,13 @@ class TransformerXLLM(LMBase):
             raise ValueError("mem_len, clamp_len, eval_mem_len and eval_clamp_len must be >= 0")
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
+        # A word-level recipe's cutoffs on a byte-level corpus: a full softmax, said once.
+        self.cutoffs = cutoffs_within(vocab_size, cutoffs)
+        if len(self.cutoffs) < len(cutoffs or []):
+            rank_zero_info(
+                f"longctx: cutoffs {list(cutoffs or [])} reach past the vocabulary ({vocab_size}): "
+                f"adaptive softmax cutoffs {self.cutoffs or 'none (a full softmax)'}"
+            )
         self.net = TransformerXL(
             vocab_size=vocab_size,
             n_layers=n_layers,
@@ -149,7 +158,7 @@ class TransformerXLLM(LMBase):
             dropout=dropout,
             dropatt=dropatt,
             pre_lnorm=pre_lnorm,
-            cutoffs=cutoffs or [],
+            cutoffs=self.cutoffs,
             div_val=div_val,
             tie_weight=tie_weight,
             tie_projs=tie_projs,
@@ -203,7 +212,7 @@ class TransformerXLLM(LMBase):
             vocab_size=self.vocab_size,
             segment_length=segment_length,
             memory_length=self.eval_mem_len,
-            cutoffs=h.cutoffs or (),
+            cutoffs=self.cutoffs,
             d_embed=h.d_embed,
             div_val=h.div_val,
             cache_kv=self.eval_cache_kv,
