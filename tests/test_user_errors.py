@@ -101,6 +101,16 @@ def test_wrong_type_names_the_full_key(parser, tmp_path):
     assert parse_error(parser, args) == "data.batch_size: expected int, got x"
 
 
+def test_a_callback_knob_out_of_range_is_a_parse_error(parser, tmp_path):
+    """The progress and divergence sections are checked by the parser (one line), not by a callback's
+    `__init__` after the parse (a traceback)."""
+    config = write(tmp_path / "c.yaml", CONFIG)
+    args = ["fit", "--config", str(config), "--progress.every_n_steps", "0"]
+    assert parse_error(parser, args) == (
+        "progress.every_n_steps: Not of type PositiveInt: 0 does not conform to restriction v>0"
+    )
+
+
 def test_misspelled_class_path_suggests_the_class(parser, tmp_path):
     config = write(tmp_path / "c.yaml", CONFIG.replace("TransformerXLLM", "TransformerXLL"))
     message = parse_error(parser, ["fit", "--config", str(config)])

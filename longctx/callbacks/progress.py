@@ -23,6 +23,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from jsonargparse.typing import PositiveInt
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
@@ -43,7 +44,7 @@ class ProgressLog(pl.Callback):
             (default) when stdout is not a terminal.
     """
 
-    def __init__(self, every_n_steps: int = 50, enabled: bool | None = None) -> None:
+    def __init__(self, every_n_steps: PositiveInt = 50, enabled: bool | None = None) -> None:
         if every_n_steps <= 0:
             raise ValueError(f"progress.every_n_steps must be positive, got {every_n_steps}")
         self.every_n_steps = every_n_steps
