@@ -54,7 +54,12 @@ class Tokens(pl.LightningDataModule):
         super().__init__()
         self.tokens = np.random.default_rng(0).integers(0, VOCAB, size=2_000_000).astype(np.uint8)
         self.windowed, self.batch_size, self.seq_len = windowed, batch_size, seq_len
-        self.metric = "bpc"
+        # The facts LMBase reads (longctx.core.data_facts.LMDataFacts): random tokens, no text.
+        self.mode = "windows" if windowed else "segments"
+        self.metric, self.eval_overlap, self.token_bytes = "bpc", 32 if windowed else 0, None
+
+    def word_count(self, split: str) -> None:
+        return None
 
     def _stream(self, pad: bool) -> SegmentStream:
         window = {"overlap": 32, "windows_per_batch": 2} if self.windowed else {}

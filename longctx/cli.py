@@ -65,6 +65,7 @@ from longctx.checkpoints.fit_check import check_checkpoint_fits
 from longctx.checkpoints.saving import DiskFullError, use_atomic_checkpoints
 from longctx.commands import TRAINER_COMMANDS, load
 from longctx.core.base import LMBase
+from longctx.core.data_facts import DataMismatch
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.errors import debug_enabled, exit_with_error
@@ -467,7 +468,7 @@ def parser_only() -> LightningArgumentParser:
 
 
 # Bad input (the user's to fix) as opposed to a bug: printed as one line by `main`.
-USER_ERRORS = (ConfigError, ParseError, DataError, DiskFullError, RunDirectoryBusy)
+USER_ERRORS = (ConfigError, ParseError, DataError, DataMismatch, DiskFullError, RunDirectoryBusy)
 
 
 def main(args: list[str] | None = None) -> LongCtxCLI:

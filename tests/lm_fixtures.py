@@ -20,9 +20,6 @@ from torch import Tensor, nn
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.data.streams import SegmentStream
-from longctx.methods.adaptive_span.module import AdaptiveSpanLM
-from longctx.methods.recurrence.module import RecurrentGPT2LM
-from longctx.methods.transformer_xl.module import TransformerXLLM
 
 
 class CarryLM(LMBase):
@@ -63,7 +60,20 @@ class CarryLM(LMBase):
         return super().training_step(batch, batch_idx)
 
 
-class SyntheticData(pl.LightningDataModule):
+class NoTextFacts:
+    """The data facts `LMBase` reads (`LMDataFacts`) for synthetic tokens that stand for no text: no
+    bytes per token, no words; segment batches unless a subclass says otherwise."""
+
+    mode = "segments"
+    metric = "ppl"
+    eval_overlap = 0
+    token_bytes = None
+
+    def word_count(self, split: str) -> int | None:
+        return None
+
+
+class SyntheticData(NoTextFacts, pl.LightningDataModule):
     """Streams over fixed pseudo-random tokens (64 symbols)."""
 
     def __init__(
@@ -90,6 +100,9 @@ class SyntheticData(pl.LightningDataModule):
 class WindowData(SyntheticData):
     """The same synthetic tokens in window mode (T = 16, overlap 4, one window per batch)."""
 
+    mode = "windows"
+    eval_overlap = 4
+
     def _stream(self, batch_size: int, pad: bool) -> SegmentStream:
         rank, world = self.trainer.global_rank, self.trainer.world_size
         return SegmentStream(
@@ -102,32 +115,6 @@ class WindowData(SyntheticData):
             rank=rank,
             world_size=world,
         )
-
-
-# Each method at its smallest: (model factory, data module class).
-TINY_METHODS = {
-    "adaptive_span": (
-        lambda **kw: AdaptiveSpanLM(
-            vocab_size=64, d_model=16, n_layers=2, n_heads=2, d_inner=32, attn_span=32, **kw
-        ),
-        SyntheticData,
-    ),
-    "transformer_xl": (
-        lambda **kw: TransformerXLLM(
-            vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, mem_len=16, **kw
-        ),
-        SyntheticData,
-    ),
-    "recurrent_gpt2": (
-        lambda **kw: RecurrentGPT2LM(
-            vocab_size=64,
-            gpt2_config={"n_layer": 3, "n_embd": 16, "n_head": 2, "n_positions": 32},
-            insert_layer=1,
-            **kw,
-        ),
-        WindowData,
-    ),
-}
 
 
 def reference_eval_loss(model: CarryLM, data: SyntheticData) -> float:

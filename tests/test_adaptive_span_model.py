@@ -221,7 +221,7 @@ def test_span_logs_and_figure_at_fit_end(tmp_path, monkeypatch):
     # 0.3, 0.9 -> 20 + 8, 58 + 8 clipped to 64.
     assert first["span/avg"] == (21 + 53) / 2
     assert first["span/max"] == 64
-    assert first["span/penalty"] == pytest.approx(1e-3 * float(z.sum()) / H, rel=1e-6)
+    assert first["train/extra_loss"] == pytest.approx(1e-3 * float(z.sum()) / H, rel=1e-6)  # the penalty
     # attended positions per layer: largest span + R rounded up to 64 positions of S = 64
     assert first["span/attended"] == 64
     assert "train/loss" in first and first["train/bpc"] == pytest.approx(first["train/loss"] / math.log(2))

@@ -11,8 +11,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from longctx.cli import main
 from longctx.core.base import StepOutput
-from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer, reference_eval_loss
+from longctx.core.data_facts import FACTS, DataMismatch, missing_facts
+from longctx.data.datamodule import LMDataModule
+from tests.lm_fixtures import CarryLM, SyntheticData, WindowData, cpu_trainer, reference_eval_loss
+from tests.methods import TINY
 
 
 def test_validation_loss_is_token_weighted_over_the_whole_split(tmp_path):
@@ -76,8 +80,9 @@ def test_extra_loss_is_added_to_the_training_loss(tmp_path):
     data = SyntheticData()
     t = cpu_trainer(tmp_path, max_steps=1)
     t.fit(model, datamodule=data)
-    # train/loss logs the NLL alone; the optimised loss includes the penalty.
+    # train/loss logs the NLL alone; the optimised loss includes the penalty, which the base logs.
     assert float(t.callback_metrics["train/loss"]) < 5.0
+    assert float(t.callback_metrics["train/extra_loss"]) == 5.0
 
 
 def _fit(tmp_path: Path, record: Path, ckpt_path: str | None = None, **kwargs) -> CarryLM:
@@ -149,3 +154,61 @@ def test_word_perplexity_only_when_the_whole_split_was_scored(tmp_path):
     assert full["val/word_ppl"] == pytest.approx(math.exp(nll_sum / 500), rel=1e-5)
     partial = cpu_trainer(tmp_path, limit_val_batches=2).validate(model, datamodule=data, verbose=False)[0]
     assert "val/word_ppl" not in partial and partial["val/tokens"] < full["val/tokens"]
+
+
+# ------------------------------------------------------------------ the data contract
+@pytest.mark.parametrize("method", sorted(TINY))
+def test_a_data_module_in_the_other_mode_is_refused_before_any_step(tmp_path, method):
+    model = TINY[method].build()
+    wrong = SyntheticData if TINY[method].data is WindowData else WindowData
+    steps = []
+    model.step = lambda batch, memory: steps.append(batch)  # never reached
+    name, mode = type(model).__name__, model.batch_mode
+    message = (
+        rf"^{name} reads {mode} batches \(B, .*\), but"
+        rf" the data module yields \w+: set data\.mode: {mode}$"
+    )
+    with pytest.raises(DataMismatch, match=message):
+        cpu_trainer(tmp_path, max_steps=1).fit(model, datamodule=wrong())
+    assert steps == []
+
+
+def test_every_method_declares_its_batch_mode():
+    """Each module says it (not the base's default), and its tiny data is in that mode."""
+    for method in TINY.values():
+        model_class = type(method.build())
+        assert "batch_mode" in vars(model_class), model_class
+        assert model_class.batch_mode == method.data.mode
+
+
+def test_the_data_module_has_every_fact_the_base_reads():
+    data = LMDataModule(corpus="sample", batch_size=2, tgt_len=8)
+    assert missing_facts(data) == []
+    assert (data.mode, data.metric, data.eval_overlap) == ("segments", "bpc", 0)
+    assert set(FACTS) == {"mode", "metric", "eval_overlap", "token_bytes", "word_count"}
+
+
+def test_a_data_module_without_a_fact_is_refused_naming_it(tmp_path):
+    class Wordless(pl.LightningDataModule):  # no word_count
+        mode, metric, eval_overlap, token_bytes = "segments", "ppl", 0, None
+
+        def train_dataloader(self):
+            raise AssertionError("never reached")
+
+    with pytest.raises(DataMismatch, match=r"^the data module Wordless lacks word_count: "):
+        cpu_trainer(tmp_path, max_steps=1).fit(CarryLM(), datamodule=Wordless())
+
+
+def test_the_cli_answers_a_mode_mismatch_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "fit", "--model", "tests.lm_fixtures.CarryLM", "--trainer.logger", "false",
+        "--data.corpus", "sample", "--data.mode", "windows", "--data.tgt_len", "8",
+        "--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "1",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == (
+        "error: CarryLM reads segments batches (B, L), but the data module yields windows: "
+        "set data.mode: segments"
+    )

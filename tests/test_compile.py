@@ -10,7 +10,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from longctx.callbacks import CompileNetwork
-from tests.lm_fixtures import TINY_METHODS, cpu_trainer
+from tests.lm_fixtures import cpu_trainer
+from tests.methods import TINY
 
 
 class GraphCounter(pl.Callback):
@@ -29,11 +30,11 @@ def _val_loss(model: pl.LightningModule, data: pl.LightningDataModule, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(TINY_METHODS))
+@pytest.mark.parametrize("method", list(TINY))
 def test_compiles_during_warm_up_only_and_matches_eager(tmp_path, method):
     torch._dynamo.reset()
     counters.clear()
-    build, data_class = TINY_METHODS[method]
+    build, data_class = TINY[method].build, TINY[method].data
     pl.seed_everything(0)
     lm = build()
     keys = set(lm.state_dict())

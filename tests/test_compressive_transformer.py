@@ -19,6 +19,7 @@ from longctx.methods.compressive_transformer.module import CompressiveTransforme
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
 from tests.lm_fixtures import SyntheticData, cpu_trainer
+from tests.methods import tiny_compressive_transformer
 
 SIZES = dict(n_layers=2, d_model=16, n_heads=2, d_inner=24, dropout=0.0)
 VOCAB = 30
@@ -271,9 +272,7 @@ def test_flops_counted_by_hand():
 # ---------------------------------------------------------------------------------- Lightning module
 def tiny(**kwargs) -> CompressiveTransformerLM:
     torch.manual_seed(0)
-    args = dict(vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, dropout=0.0, mem_len=8)
-    args.update(cmem_len=4, compression_rate=2)
-    return CompressiveTransformerLM(**{**args, **kwargs}, optimizer=partial(torch.optim.Adam, lr=1e-3))
+    return tiny_compressive_transformer(**kwargs, optimizer=partial(torch.optim.Adam, lr=1e-3))
 
 
 def test_module_evaluates_with_its_own_memory_sizes():
@@ -326,13 +325,6 @@ def test_lightning_fit_and_validate_log_the_reconstruction_and_compressed_attent
 def test_bad_knobs_are_one_line_errors_naming_them(knobs, message):
     with pytest.raises(ValueError, match=message):
         tiny(**knobs)
-
-
-def test_window_batches_are_refused_naming_the_data_mode():
-    windows = torch.zeros(2, 3, 4, dtype=torch.long)  # (B, K, T)
-    batch = {"input": windows, "target": windows}
-    with pytest.raises(ValueError, match=r"set data\.mode: segments"):
-        tiny().step(batch, tiny().init_memory(2))
 
 
 def test_a_smaller_compressed_memory_applies_at_once():

@@ -22,8 +22,7 @@ from longctx.diagnostics.axes import AxisError, axis_named
 from longctx.diagnostics.figures import context_figure
 from longctx.diagnostics.recl import Gain, Recl, relative_effective_context_length, relative_gain
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
-from longctx.methods.window_transformer.module import WindowTransformerLM
-from tests.lm_fixtures import TINY_METHODS
+from tests.methods import tiny_adaptive_span, tiny_recurrence, tiny_transformer_xl, tiny_window_transformer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,9 +121,8 @@ def test_a_span_cap_of_c_reads_what_a_span_of_c_reads():
     """A fixed-span model (S = 16) capped at 8 equals the same weights with S = 8 (key_pe's last 8
     columns); with no cap it differs."""
     torch.manual_seed(0)
-    sizes = {"vocab_size": 64, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_inner": 32, "dropout": 0.0}
-    wide = AdaptiveSpanLM(span="fixed", attn_span=16, **sizes).eval()
-    narrow = AdaptiveSpanLM(span="fixed", attn_span=8, **sizes).eval()
+    wide = tiny_adaptive_span(span="fixed", attn_span=16, dropout=0.0).eval()
+    narrow = tiny_adaptive_span(span="fixed", attn_span=8, dropout=0.0).eval()
     state = wide.state_dict()
     state["net.key_pe"] = state["net.key_pe"][:, -8:]
     narrow.load_state_dict(state)
@@ -135,7 +133,7 @@ def test_a_span_cap_of_c_reads_what_a_span_of_c_reads():
 
 def test_the_span_cap_is_an_evaluation_knob_of_adaptive_spans():
     torch.manual_seed(0)
-    model = TINY_METHODS["adaptive_span"][0](span_init=1.0, span_ramp=4, dropout=0.0).eval()
+    model = tiny_adaptive_span(span_init=1.0, span_ramp=4, dropout=0.0).eval()
     blocks = torch.randint(0, 64, (2, 32))
     torch.testing.assert_close(block_logits(model, blocks, span_cap=32), block_logits(model, blocks))
     assert not torch.allclose(block_logits(model, blocks, span_cap=4), block_logits(model, blocks), atol=1e-4)
@@ -148,12 +146,12 @@ def test_the_span_cap_is_an_evaluation_knob_of_adaptive_spans():
     assert not torch.allclose(capped, free, atol=1e-4)
     torch.testing.assert_close(trained, free)  # training ignores the evaluation cap
     with pytest.raises(ValueError, match=r"eval_span_cap must be in \[1, attn_span = 32\]"):
-        TINY_METHODS["adaptive_span"][0](eval_span_cap=33)
+        tiny_adaptive_span(eval_span_cap=33)
 
 
 def test_h_prev_reset_scores_every_window_as_if_it_were_alone():
     torch.manual_seed(0)
-    model = TINY_METHODS["recurrent_gpt2"][0]().eval()
+    model = tiny_recurrence().eval()
     x, target = torch.randint(0, 64, (2, 2, 8)), torch.randint(0, 64, (2, 2, 8))
     batch = {"input": x, "target": target, "mask": torch.ones(2, 2, 8, dtype=torch.bool),
              "reset": torch.zeros(2, 2, dtype=torch.bool)}  # fmt: skip
@@ -262,12 +260,10 @@ def test_an_axis_or_length_the_model_cannot_take_is_one_line(xl_checkpoint):
 
 
 TINY = {
-    "window": lambda: WindowTransformerLM(
-        vocab_size=64, d_model=16, n_layers=1, n_heads=2, d_inner=32, max_len=16
-    ),
-    "span": lambda: TINY_METHODS["adaptive_span"][0](),  # S = 32
-    "trams": lambda: TINY_METHODS["transformer_xl"][0](trams_attended=8, trams_kept=4),  # pool 16
-    "gpt2": lambda: TINY_METHODS["recurrent_gpt2"][0](),  # n_positions 32
+    "window": lambda: tiny_window_transformer(n_layers=1),  # window 16
+    "span": lambda: tiny_adaptive_span(),  # S = 32
+    "trams": lambda: tiny_transformer_xl(trams_attended=8, trams_kept=4),  # pool 16
+    "gpt2": lambda: tiny_recurrence(),  # n_positions 32
 }
 
 

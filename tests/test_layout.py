@@ -13,8 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from longctx import run_layout
+from longctx.core.base import LMBase
+from longctx.methods import registry
+from tests.methods import TINY
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = sorted(p for p in (REPO / "longctx" / "methods").iterdir() if (p / "__init__.py").is_file())
@@ -70,6 +74,66 @@ def test_every_method_has_a_network_and_a_module():
     assert {p.name for p in METHODS} >= expected
     for method in METHODS:
         assert (method / "network.py").is_file() and (method / "module.py").is_file(), method.name
+
+
+def test_every_method_folder_is_registered_with_its_module_and_tiny_recipe():
+    """One line in `longctx/methods/registry.py` and one in the tests' table per method folder; the
+    line names the folder's own module, and its tiny recipe trains that module."""
+    folders = {p.name for p in METHODS}
+    assert set(registry.METHODS) == folders
+    assert set(TINY) == folders  # every cross-method test runs every method
+    for name, method in registry.METHODS.items():
+        assert method.module.startswith(f"longctx.methods.{name}.module."), name
+        module_class = method.module_class()
+        assert issubclass(module_class, LMBase) and type(TINY[name].build()) is module_class, name
+        config = yaml.safe_load((REPO / method.tiny_config).read_text())
+        assert config["model"]["class_path"] == method.module, method.tiny_config
+        assert config["data"].get("mode", "segments") == module_class.batch_mode, method.tiny_config
+
+
+# What a method may import from another method: Transformer-XL's pure-PyTorch parts, on which the
+# Compressive Transformer is built (docs/architecture.md, "Adding a method"). Never another method's
+# LightningModule, conversion, callbacks or figures: those belong to their method alone.
+SHARED_METHOD_PARTS = {
+    "longctx/methods/transformer_xl/network.py",
+    "longctx/methods/transformer_xl/relative_attention.py",
+    "longctx/methods/transformer_xl/adaptive_softmax.py",
+    "longctx/methods/transformer_xl/memory.py",
+    "longctx/methods/transformer_xl/flops.py",
+}
+
+
+def cross_method_imports(methods_root: Path) -> list[str]:
+    """`importer -> imported` for every file of a method that imports a file of another method
+    outside `SHARED_METHOD_PARTS`."""
+    found = []
+    for path in sorted(methods_root.rglob("*.py")):
+        own = path.relative_to(methods_root).parts[0]
+        for module in imported_modules(path):
+            target = source_of(module)
+            if target is None or methods_root not in target.parents or target.parent == methods_root:
+                continue
+            imported = str(target.relative_to(REPO))
+            if target.relative_to(methods_root).parts[0] != own and imported not in SHARED_METHOD_PARTS:
+                found.append(f"{path.relative_to(REPO)} -> {imported}")
+    return sorted(set(found))
+
+
+def test_methods_import_from_each_other_only_the_declared_parts():
+    assert cross_method_imports(REPO / "longctx" / "methods") == []
+    assert all((REPO / part).is_file() for part in SHARED_METHOD_PARTS)
+
+
+def test_the_cross_method_check_finds_an_undeclared_import(tmp_path, monkeypatch):
+    methods = tmp_path / "longctx" / "methods"
+    for folder in ("a", "b"):
+        (methods / folder).mkdir(parents=True)
+        (methods / folder / "__init__.py").write_text("")
+    (methods / "a" / "module.py").write_text("X = 1\n")
+    own_and_other = "from . import network\nfrom longctx.methods.a.module import X\n"
+    (methods / "b" / "network.py").write_text(own_and_other)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert cross_method_imports(methods) == ["longctx/methods/b/network.py -> longctx/methods/a/module.py"]
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from longctx.methods.recurrence.hf import register_recurrence_attention
 from longctx.methods.recurrence.network import RECURRENCE_SDPA, WindowRecurrence
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
+from tests.methods import TINY
 
 META = torch.device("meta")
 
@@ -104,3 +105,29 @@ def test_recurrent_gpt2_on_meta(backward, lean, monkeypatch):
         (nll.mean() + h_next.mean()).backward()
     assert nll.shape == (2, 3, 8) and h_next.device == META
     assert all(p.grad is not None and p.grad.device == META for p in lm.parameters())
+
+
+@pytest.mark.parametrize("method", sorted(TINY))
+def test_every_module_trains_on_meta(method, monkeypatch):
+    """Each registered method's module, built on meta, carries its memory over three training steps
+    (its `init_memory` included) and backpropagates its loss and extra loss."""
+    monkeypatch.setattr(transformers.masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+    with META:
+        model = TINY[method].build().train()
+    shape = (2, 2, 8) if model.batch_mode == "windows" else (2, 8)  # (B, K, T) or (B, L)
+    x = tokens(*shape)
+    batch = {
+        "input": x,
+        "target": x,
+        "mask": torch.ones(shape, dtype=torch.bool, device=META),
+        "reset": torch.zeros(shape[:-1], dtype=torch.bool, device=META),
+    }
+    with NoHostTensors():
+        memory = model.init_memory(2)
+        for _ in range(3):
+            out = model.step(batch, memory)
+            memory = out.memory
+        (out.nll.float().mean() + (0 if out.extra_loss is None else out.extra_loss)).backward()
+    assert out.nll.shape == shape
+    assert all(p.grad is None or p.grad.device == META for p in model.parameters())
+    assert any(p.grad is not None for p in model.parameters())

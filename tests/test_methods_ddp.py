@@ -6,7 +6,8 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 
-from tests.lm_fixtures import TINY_METHODS, cpu_trainer
+from tests.lm_fixtures import cpu_trainer
+from tests.methods import TINY
 
 
 def validate(model: pl.LightningModule, data: pl.LightningDataModule, tmp_path, **kwargs) -> dict[str, float]:
@@ -14,9 +15,9 @@ def validate(model: pl.LightningModule, data: pl.LightningDataModule, tmp_path, 
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("method", list(TINY_METHODS))
+@pytest.mark.parametrize("method", list(TINY))
 def test_two_process_validation_equals_one_process(tmp_path, method):
-    build, data_class = TINY_METHODS[method]
+    build, data_class = TINY[method].build, TINY[method].data
     pl.seed_everything(0)
     model = build()
     data = data_class(n_tokens=1003, eval_batch_size=4, seq_len=16)

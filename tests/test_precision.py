@@ -8,12 +8,13 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from tests.lm_fixtures import TINY_METHODS, cpu_trainer
+from tests.lm_fixtures import cpu_trainer
+from tests.methods import TINY
 
 
-@pytest.mark.parametrize("method", list(TINY_METHODS))
+@pytest.mark.parametrize("method", list(TINY))
 def test_bf16_mixed_computes_in_bf16_and_matches_full_precision(tmp_path, method):
-    build, data_class = TINY_METHODS[method]
+    build, data_class = TINY[method].build, TINY[method].data
     pl.seed_everything(0)
     lm = build()
     data = data_class(seq_len=16)

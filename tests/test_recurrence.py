@@ -46,6 +46,7 @@ from longctx.methods.recurrence.network import (
     valid_positions,
 )
 from tests.conftest import shared_dir, skip_without_shared
+from tests.lm_fixtures import NoTextFacts
 
 VOCAB, D, N_LAYER, N_HEAD, L_INS = 101, 32, 4, 4, 2
 TINY = {"n_layer": N_LAYER, "n_embd": D, "n_head": N_HEAD, "n_positions": 64}
@@ -383,8 +384,10 @@ def test_baseline_is_the_stock_model_on_independent_windows_and_checkpointing_is
         torch.testing.assert_close(g0, g1, rtol=1e-5, atol=1e-7)
 
 
-class WindowData(pl.LightningDataModule):
+class WindowData(NoTextFacts, pl.LightningDataModule):
     """Window streams over fixed pseudo-random tokens (no data layer needed)."""
+
+    mode = "windows"
 
     def __init__(self, length: int = 8, overlap: int = 2, n_windows: int = 3) -> None:
         super().__init__()

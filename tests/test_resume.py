@@ -16,7 +16,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from longctx.optim.schedules import WarmupCosine
-from tests.lm_fixtures import TINY_METHODS, cpu_trainer
+from tests.lm_fixtures import cpu_trainer
+from tests.methods import TINY
 
 pytestmark = pytest.mark.slow  # two fits per method (the slow tier)
 
@@ -26,7 +27,7 @@ def _schedule(optimizer: torch.optim.Optimizer) -> WarmupCosine:
 
 
 def _fit(method: str, run_dir: Path, max_epochs: int, ckpt_path: str | None = None) -> pl.LightningModule:
-    build, data_class = TINY_METHODS[method]
+    build, data_class = TINY[method].build, TINY[method].data
     pl.seed_everything(0)
     model = build(lr_scheduler=_schedule)
     data = data_class(n_tokens=641, batch_size=4, seq_len=16)  # >= 10 training batches per epoch
@@ -40,7 +41,7 @@ def _fit(method: str, run_dir: Path, max_epochs: int, ckpt_path: str | None = No
     return model
 
 
-@pytest.mark.parametrize("method", list(TINY_METHODS))
+@pytest.mark.parametrize("method", list(TINY))
 def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, method):
     straight = _fit(method, tmp_path / "straight", max_epochs=2)
     _fit(method, tmp_path / "resumed", max_epochs=1)

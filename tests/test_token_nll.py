@@ -19,9 +19,9 @@ from longctx.data.cache import TokenizedCorpus, TokenizedSplit
 from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
 from longctx.methods.recurrence.module import RecurrentGPT2LM
-from longctx.methods.transformer_xl.module import TransformerXLLM, drop_last_scored
-from longctx.methods.window_transformer.module import WindowTransformerLM
-from tests.lm_fixtures import TINY_METHODS, SyntheticData, WindowData, cpu_trainer
+from longctx.methods.transformer_xl.module import drop_last_scored
+from tests.lm_fixtures import SyntheticData, WindowData, cpu_trainer
+from tests.methods import TINY, tiny_recurrence, tiny_transformer_xl
 
 REPO = Path(__file__).resolve().parents[1]
 N_TOKENS = 1003
@@ -39,31 +39,17 @@ class TargetEchoLM(LMBase):
         return StepOutput(nll=batch["target"].float())
 
 
-def tiny_xl(**kwargs) -> TransformerXLLM:
-    return TransformerXLLM(vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, **kwargs)
-
-
-def tiny_gpt2(recurrence: bool) -> RecurrentGPT2LM:
-    config = {"n_layer": 3, "n_embd": 16, "n_head": 2, "n_positions": 32}
-    return RecurrentGPT2LM(vocab_size=64, gpt2_config=config, insert_layer=1, recurrence=recurrence)
-
-
-# Every method and protocol at its smallest: (model factory, data module class).
+# Every method (tests/methods.py) plus the protocols and variants with their own evaluation paths:
+# (model factory, data module class).
 METHODS = {
-    "adaptive_span": TINY_METHODS["adaptive_span"],
-    "transformer_xl": (lambda: tiny_xl(mem_len=16), SyntheticData),
-    "transformer_xl_trams_protocol": (lambda: tiny_xl(mem_len=16, protocol="trams"), SyntheticData),
+    **{name: (method.build, method.data) for name, method in TINY.items()},
+    "transformer_xl_trams_protocol": (lambda: tiny_transformer_xl(protocol="trams"), SyntheticData),
     "trams": (
-        lambda: tiny_xl(mem_len=16, protocol="trams", trams_attended=8, trams_kept=4),
+        lambda: tiny_transformer_xl(protocol="trams", trams_attended=8, trams_kept=4),
         SyntheticData,
     ),
-    "rpe": (lambda: tiny_xl(mem_len=0), SyntheticData),
-    "window_transformer": (
-        lambda: WindowTransformerLM(vocab_size=64, d_model=16, n_layers=2, n_heads=2, d_inner=32, max_len=16),
-        SyntheticData,
-    ),
-    "recurrent_gpt2": (lambda: tiny_gpt2(recurrence=True), WindowData),
-    "gpt2_window": (lambda: tiny_gpt2(recurrence=False), WindowData),
+    "rpe": (lambda: tiny_transformer_xl(mem_len=0), SyntheticData),
+    "gpt2_window": (lambda: tiny_recurrence(recurrence=False), WindowData),
 }
 
 
@@ -257,7 +243,7 @@ def test_fit_with_the_flag_is_a_one_line_error(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ DDP
 @pytest.mark.ddp
-@pytest.mark.parametrize("method", ["transformer_xl", "trams", "recurrent_gpt2"])
+@pytest.mark.parametrize("method", ["transformer_xl", "trams", "recurrence"])
 def test_two_ranks_write_the_one_process_file(tmp_path, method):
     """Each rank scores its own block of rows; the merged file is the single-process file."""
     build, data_class = METHODS[method]

@@ -12,7 +12,8 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from longctx.methods.recurrence.module import RecurrentGPT2LM
-from tests.lm_fixtures import TINY_METHODS, WindowData, cpu_trainer
+from tests.lm_fixtures import WindowData, cpu_trainer
+from tests.methods import TINY
 
 EVAL_MODE_WARNING = "module(s) in eval mode at the start of training"
 
@@ -46,8 +47,8 @@ def test_a_gpt2_loaded_from_pretrained_fine_tunes_with_its_dropout_on(tmp_path):
     assert not [m for m in messages if EVAL_MODE_WARNING in m], messages
 
 
-@pytest.mark.parametrize("method", sorted(TINY_METHODS))
+@pytest.mark.parametrize("method", sorted(TINY))
 def test_no_module_is_in_eval_mode_at_fit(method, tmp_path):
-    make_model, data_class = TINY_METHODS[method]
+    make_model, data_class = TINY[method].build, TINY[method].data
     messages = fit_recording_warnings(make_model(), data_class(), tmp_path)
     assert not [m for m in messages if EVAL_MODE_WARNING in m], messages

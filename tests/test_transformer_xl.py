@@ -26,6 +26,7 @@ from longctx.methods.transformer_xl.relative_attention import (
     window_blocked,
 )
 from tests.lm_fixtures import SyntheticData, cpu_trainer
+from tests.methods import tiny_transformer_xl
 
 RESOLVED = Path(__file__).resolve().parent / "fixtures" / "resolved_configs"
 
@@ -275,8 +276,7 @@ def test_wt103_config_has_the_papers_151M_parameters():
 # ---------------------------------------------------------------------------------- Lightning module
 def tiny(**kwargs) -> TransformerXLLM:
     torch.manual_seed(0)
-    args = dict(vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_inner=32, dropout=0.0, mem_len=16)
-    return TransformerXLLM(**{**args, **kwargs}, optimizer=partial(torch.optim.Adam, lr=1e-3))
+    return tiny_transformer_xl(**{"dropout": 0.0, **kwargs}, optimizer=partial(torch.optim.Adam, lr=1e-3))
 
 
 @pytest.mark.slow  # a fit and three evaluations through Lightning (~12 s CPU)

@@ -70,13 +70,6 @@ def test_flops_per_token_match_torchs_counter_with_causal_attention():
     assert counted == pytest.approx(expected, rel=1e-12)
 
 
-def test_the_module_reads_segments_only():
-    model = WindowTransformerLM(**SIZES)
-    windows = torch.zeros(2, 3, 8, dtype=torch.long)  # (B, K, T): a window-mode batch
-    with pytest.raises(ValueError, match=r"got input of shape \(2, 3, 8\): set data\.mode: segments"):
-        model.step({"input": windows, "target": windows}, None)
-
-
 def test_recipe_config_trains_two_steps_through_the_cli(tmp_path, monkeypatch):
     """configs/window_transformer_tiny.yaml built by the CLI, on the bundled sample text (the config's
     own text lives in ../shared): 2 training steps, a validation, FLOPs logged."""

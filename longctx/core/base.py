@@ -4,7 +4,9 @@ It owns what all three methods share, so a method module only says how its netwo
 and a memory into per-token losses:
 
 - the loss: token-weighted NLL over the scored targets (never a mean of batch means), plus the
-  method's extra term (e.g. the span penalty);
+  method's extra term (e.g. the span penalty), logged as `train/extra_loss`;
+- the contract with the data module: the method's `batch_mode` and the data facts it reads
+  (`longctx.core.data_facts.LMDataFacts`) are checked at `setup`, one clear error before any step;
 - the metrics: token-weighted sums synced across ranks, logged as `{stage}/loss`, `{stage}/bpc` or
   `{stage}/ppl`, `{stage}/word_ppl`, `{stage}/bpb` (bits per UTF-8 byte of the scored text, whatever
   the tokenizer, from the data module's `token_bytes`), and `throughput/*`;
@@ -22,7 +24,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 import lightning.pytorch as pl
 import torch
@@ -32,6 +34,7 @@ from torch.utils._pytree import tree_map
 from torchmetrics import SumMetric
 
 from longctx.core import rng_state
+from longctx.core.data_facts import BatchMode, LMDataFacts, check_data_facts
 from longctx.core.token_nll import TokenNLLCollector
 
 # A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
@@ -80,6 +83,9 @@ class LMBase(pl.LightningModule):
     """Shared base of the language-model modules (see docs/architecture.md for the contract)."""
 
     network_attribute = "net"  # the attribute holding the network (what `CompileNetwork` compiles)
+    # The batch layout `step` reads (docs/architecture.md): "segments" (B, L) or "windows" (B, K, T);
+    # each method declares it, and `setup` refuses a data module in the other mode.
+    batch_mode: ClassVar[BatchMode] = "segments"
     # Per-target NLL of the running evaluation: set by `TokenNLLWriter` (`--write_token_nll true`) only.
     token_nll_collector: TokenNLLCollector | None = None
 
@@ -142,6 +148,17 @@ class LMBase(pl.LightningModule):
         """Parameters (or parameter groups) handed to the optimizer factory."""
         return self.parameters()
 
+    # ------------------------------------------------------------------ the data contract
+    def setup(self, stage: str) -> None:
+        """Check the data module against the model once, before any step (no check without one:
+        loaders passed to `fit` directly)."""
+        if (datamodule := getattr(self._trainer, "datamodule", None)) is not None:
+            check_data_facts(datamodule, type(self).__name__, self.batch_mode)
+
+    def data_facts(self) -> LMDataFacts | None:
+        """The trainer's data module (checked at `setup`), or None without one."""
+        return getattr(self._trainer, "datamodule", None)
+
     # ------------------------------------------------------------------ memory lifecycle
     def _memory_for(self, stage: str, batch: dict[str, Tensor]) -> Memory:
         """The stage's carried memory, with rows that start a new document cleared.
@@ -201,6 +218,7 @@ class LMBase(pl.LightningModule):
         loss = nll_sum * self.trainer.world_size / global_tokens.clamp_min(1.0)
         if out.extra_loss is not None:
             loss = loss + out.extra_loss
+            self.log("train/extra_loss", out.extra_loss.detach())
         mean_nll = (nll_sum / tokens.clamp_min(1)).detach()
         self.log("train/loss", mean_nll, prog_bar=True)
         self._log_unit_metric("train", mean_nll)
@@ -240,7 +258,8 @@ class LMBase(pl.LightningModule):
     def _scored_bytes(self, target: Tensor, mask: Tensor) -> Tensor | None:
         """UTF-8 bytes of the text of the scored targets, or None when the data module has no
         bytes-per-id table (`LMDataModule.token_bytes`)."""
-        table = getattr(getattr(self.trainer, "datamodule", None), "token_bytes", None)
+        data = self.data_facts()
+        table = None if data is None else data.token_bytes
         if table is None:
             return None
         if self._token_bytes is None or self._token_bytes[0] is not table:
@@ -248,8 +267,8 @@ class LMBase(pl.LightningModule):
         return (self._token_bytes[1][target] * mask).sum()
 
     def _unit_metric(self) -> str:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        return getattr(datamodule, "metric", "ppl")
+        data = self.data_facts()
+        return "ppl" if data is None else data.metric
 
     def _log_unit_metric(self, stage: str, mean_nll: Tensor, **kwargs: Any) -> None:
         if self._unit_metric() == "bpc":
@@ -287,8 +306,8 @@ class LMBase(pl.LightningModule):
     def _word_count(self, stage: str) -> int | None:
         """Word count of the evaluated split, for perplexity per word of a BPE model; None unless the
         whole split was scored (with `limit_*_batches` the NLL covers only part of the words)."""
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is None or not hasattr(datamodule, "word_count"):
+        data = self.data_facts()
+        if data is None:
             return None
         loader = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
         try:
@@ -297,7 +316,7 @@ class LMBase(pl.LightningModule):
             complete = False
         if not complete:
             return None
-        return datamodule.word_count("valid" if stage == "val" else "test")
+        return data.word_count("valid" if stage == "val" else "test")
 
     # ------------------------------------------------------------------ throughput
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

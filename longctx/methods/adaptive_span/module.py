@@ -74,6 +74,8 @@ class AdaptiveSpanLM(LMBase):
             init_args: jsonargparse carries init_args whose names match over from the default class.
     """
 
+    batch_mode = "segments"
+
     def __init__(
         self,
         vocab_size: int = 0,
@@ -138,11 +140,6 @@ class AdaptiveSpanLM(LMBase):
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: SpanCache) -> StepOutput:
         x = batch["input"]
-        if x.dim() != 2:
-            raise ValueError(
-                f"AdaptiveSpanLM reads segment batches (B, L); got input of shape {tuple(x.shape)}: "
-                "set data.mode: segments"
-            )
         out = self.net(x, memory, span_cap=None if self.training else self.eval_span_cap)
         nll = F.cross_entropy(out.logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, M)
         extra_loss = None
@@ -164,8 +161,8 @@ class AdaptiveSpanLM(LMBase):
           "average span" tables compare with.
         - `span/z_avg`, `span/z_max`, `span/z/layer{i}/head{j}`: the raw learned spans z = S·z'
           (dynamic spans: z_t averaged over the block's tokens).
-        - `span/penalty` (λ·Σ_layers (1/H)·Σ_heads z) and `span/attended` (mean previous positions
-          attended per layer, after trimming).
+        - `span/attended` (mean previous positions attended per layer, after trimming); the penalty
+          λ·Σ_layers (1/H)·Σ_heads z is the step's `extra_loss`, logged by the base (`train/extra_loss`).
         All are logged every step: the logger writes them every `log_every_n_steps`, with the values
         of that step (kept on the device: no host sync per step).
         """
@@ -182,7 +179,6 @@ class AdaptiveSpanLM(LMBase):
         logs["span/max"] = reported_span(z_ratio.amax(-1), S, R).max().float()
         logs["span/z_avg"] = z.mean()
         logs["span/z_max"] = z.max()
-        logs["span/penalty"] = (self.span_loss * out.penalty).detach()
         for i, layer_spans in enumerate(z):
             for j, z_ij in enumerate(layer_spans):
                 logs[f"span/z/layer{i}/head{j}"] = z_ij

@@ -73,6 +73,8 @@ class CompressiveTransformerLM(LMBase):
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
     """
 
+    batch_mode = "segments"
+
     def __init__(
         self,
         vocab_size: int = 0,
@@ -176,11 +178,6 @@ class CompressiveTransformerLM(LMBase):
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: CompressiveMemory) -> StepOutput:
         x = batch["input"]
-        if x.dim() != 2:
-            raise ValueError(
-                "CompressiveTransformerLM reads segment batches (B, L); got input of shape "
-                f"{tuple(x.shape)}: set data.mode: segments"
-            )
         evaluating = not self.training
         learns = self.net.learns_compression
         need_mass = evaluating and self.log_compressed_attention

@@ -91,6 +91,7 @@ class RecurrentGPT2LM(LMBase):
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam, 100 warm-up steps).
     """
 
+    batch_mode = "windows"
     # What `CompileNetwork` compiles: the GPT-2's body (embeddings, blocks, final norm), where the
     # recurrence runs inside the attention; the LM head and the loss run on its output (`token_nll`).
     network_attribute = "backbone"
@@ -152,11 +153,6 @@ class RecurrentGPT2LM(LMBase):
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: RecurrenceMemory | None) -> StepOutput:
         x = batch["input"]
-        if x.dim() != 3:
-            raise ValueError(
-                f"RecurrentGPT2LM reads window batches (B, K, T); got input of shape {tuple(x.shape)}: "
-                "set data.mode: windows"
-            )
         use_checkpoint = self.checkpoint_windows and self.training and torch.is_grad_enabled()
         if self.recurrence is not None:
             h_prev = None if memory is None else memory.h_prev
@@ -200,8 +196,8 @@ class RecurrentGPT2LM(LMBase):
         return torch.stack(nlls, 1)
 
     def _eval_overlap(self) -> int:
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        return int(getattr(datamodule, "eval_overlap", 0) or 0)
+        data = self.data_facts()
+        return 0 if data is None else data.eval_overlap
 
     # ------------------------------------------------------------------ pickling (ddp_spawn)
     def __getstate__(self) -> dict[str, Any]:

@@ -97,6 +97,8 @@ class TransformerXLLM(LMBase):
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam 2.5e-4, cosine, no warm-up).
     """
 
+    batch_mode = "segments"
+
     def __init__(
         self,
         vocab_size: int = 0,
@@ -223,11 +225,6 @@ class TransformerXLLM(LMBase):
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: XLMemory) -> StepOutput:
         x = batch["input"]
-        if x.dim() != 2:
-            raise ValueError(
-                f"TransformerXLLM reads segment batches (B, L); got input of shape {tuple(x.shape)}: "
-                "set data.mode: segments"
-            )
         evaluating = not self.training
         need_mass = evaluating and self.log_attention_mass
         out = self.net(

@@ -28,6 +28,8 @@ class WindowTransformerLM(LMBase):
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
     """
 
+    batch_mode = "segments"
+
     def __init__(
         self,
         vocab_size: int = 0,
@@ -46,11 +48,6 @@ class WindowTransformerLM(LMBase):
 
     def step(self, batch: dict[str, Tensor], memory: None) -> StepOutput:
         x = batch["input"]  # (B, L)
-        if x.dim() != 2:
-            raise ValueError(
-                f"WindowTransformerLM reads segment batches (B, L); got input of shape {tuple(x.shape)}: "
-                "set data.mode: segments"
-            )
         logits = self.net(x)  # (B, L, V)
         nll = F.cross_entropy(logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, L)
         return StepOutput(nll=nll, memory=None)
