@@ -193,6 +193,8 @@ def _recurrence_variant(run: Run) -> str:
     kind = (
         f"recurrence on (layer {model.get('insert_layer')})" if model.get("recurrence") else "recurrence off"
     )
+    if model.get("recurrence") and model.get("eval_h_prev") == "reset":
+        kind += ", h_prev reset every window"  # `--model.init_args.eval_h_prev reset`
     return f"{kind}, window {_eval_window(run)} overlap {overlap}"
 
 
