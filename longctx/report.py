@@ -8,7 +8,10 @@ writes into `--out` (default `report/`):
   length, TRAMS m/M, no memory, recurrence on/off, window and overlap, span kind, protocol), corpus,
   status, parameters, training tokens seen, training tokens/s, peak memory, FLOPs per token, the
   method's native metric (bpc or ppl) on validation and test, test word perplexity, and bits per
-  byte on validation and test;
+  byte on validation and test; on a synthetic long-range task (`python -m longctx.data synth`), the
+  loss on the long-range positions and on the near answers (`long_range_loss`, `near_loss`, from
+  token_nll.npz and the marks sidecar), and the RECL at r = 0.1 and 0.01 from a `context` run beside
+  the run (`longctx.diagnostics.long_range`);
 - `bpb_vs_flops.png`, `bpb_vs_memory.png`: bits per byte against FLOPs per token and against peak
   memory, one point per run: test, or validation (hollow, "(val)") for a run that was not tested
   (a `fit` or `validate` alone);
@@ -40,6 +43,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from longctx.atomic import atomic_path, write_text_atomic
+from longctx.diagnostics.long_range import marked_losses, recl
 from longctx.errors import OneLineArgumentParser
 from longctx.run_layout import CONFIG, METRICS, SUMMARY
 
@@ -189,6 +193,8 @@ def _recurrence_variant(run: Run) -> str:
     kind = (
         f"recurrence on (layer {model.get('insert_layer')})" if model.get("recurrence") else "recurrence off"
     )
+    if model.get("recurrence") and model.get("eval_h_prev") == "reset":
+        kind += ", h_prev reset every window"  # `--model.init_args.eval_h_prev reset`
     return f"{kind}, window {_eval_window(run)} overlap {overlap}"
 
 
@@ -203,6 +209,14 @@ VARIANTS: dict[str, Callable[[Run], str]] = {
     "RecurrentGPT2LM": _recurrence_variant,
     "WindowTransformerLM": _window_variant,
 }
+
+
+def _marked(column: str) -> Callable[[Run], Any]:
+    return lambda run: marked_losses(run.path, run.config, run.summary.get("subcommand"))[column]
+
+
+def _recl(r: float) -> Callable[[Run], Any]:
+    return lambda run: recl(run.path, r)
 
 
 def _variant(run: Run) -> Any:
@@ -231,11 +245,15 @@ COLUMNS: list[Column] = [
     ("test_word_ppl", _metric("test/word_ppl"), _fmt(".2f")),
     ("val_bpb", _metric("val/bpb"), _fmt(".4f")),
     ("test_bpb", _metric("test/bpb"), _fmt(".4f")),
+    ("long_range_loss", _marked("long_range_loss"), _fmt(".3f")),
+    ("near_loss", _marked("near_loss"), _fmt(".3f")),
+    ("recl_r0.1", _recl(0.1), str),
+    ("recl_r0.01", _recl(0.01), str),
 ]
 
 
 # Results: shown as the run's status, never as numbers, for a run that diverged or failed.
-RESULT_COLUMNS = ("val", "test", "test_word_ppl", "val_bpb", "test_bpb")
+RESULT_COLUMNS = ("val", "test", "test_word_ppl", "val_bpb", "test_bpb", "long_range_loss", "near_loss")
 UNRANKED_STATUSES = ("diverged", "failed")
 
 

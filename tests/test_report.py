@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import yaml
 
@@ -241,6 +242,7 @@ VARIANT_CONFIGS = {
     "xl_no_memory": (XL, {**XL_ARGS, "eval_mem_len": 0}, DATA),
     "gpt2_window": (GPT2, {"recurrence": False, "insert_layer": 2}, {**DATA, "eval_overlap": 32}),
     "recurrent_gpt2": (GPT2, {"recurrence": True, "insert_layer": 2}, DATA),
+    "recurrent_gpt2_reset": (GPT2, {"recurrence": True, "insert_layer": 2, "eval_h_prev": "reset"}, DATA),
     "adaptive_span": (SPAN, {"span": "adaptive", "attn_span": 512}, DATA),
     "fixed_span": (SPAN, {"span": "fixed", "attn_span": 512}, DATA),
     "window": (WINDOW, {}, {**DATA, "eval_tgt_len": 128}),
@@ -253,6 +255,7 @@ EXPECTED_VARIANTS = {
     "xl_no_memory": "no memory (trained with 32), protocol xl",
     "gpt2_window": "recurrence off, window 64 overlap 32",
     "recurrent_gpt2": "recurrence on (layer 2), window 64 overlap 0",
+    "recurrent_gpt2_reset": "recurrence on (layer 2), h_prev reset every window, window 64 overlap 0",
     "adaptive_span": "adaptive span S=512",
     "fixed_span": "fixed span S=512",
     "window": "no memory, window 128",
@@ -318,3 +321,43 @@ def test_figures_plot_validation_bpb_of_runs_that_were_not_tested(tmp_path):
     assert points == [(1e6, 2.0), (2e6, 2.5)]
     assert [t.get_text() for t in ax.texts] == ["tested", "fit_only (val)"]
     assert ax.get_ylabel() == "bits per byte (filled: test, hollow: validation)"
+
+
+def test_long_range_columns_read_the_marked_positions_and_the_context_runs_recl(tmp_path):
+    """long_range_loss / near_loss: the mean token NLL on the sidecar's marked / near offsets of the
+    text file that config.yaml's data.files names for the scored split; recl_*: the sibling context
+    run's recl.csv row named after the run. A BPE run's byte marks do not apply: a dash."""
+    from longctx.data.synth import SynthSettings, generate, load_marks
+
+    data = tmp_path / "copy"
+    generate(SynthSettings(task="copy", gap=36, passage_words=2, train_bytes=3000, eval_bytes=3000), data)
+    marks = load_marks(data, "test")
+    size = (data / "test.txt").stat().st_size
+    offset = np.arange(1, size)
+    nll = np.full(offset.shape, 3.0, np.float32)
+    nll[np.isin(offset, marks["offset"])] = 1.0
+    nll[np.isin(offset, marks["near_offset"])] = 2.0
+    files = {split: str(data / f"{split}.txt") for split in ("train", "valid", "test")}
+    for name, tokenizer in (("xl", "bytes"), ("gpt2", "gpt2")):
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        summary = {"status": "finished", "subcommand": "test", "metrics": {"test/loss": 2.0}}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        config = {"data": {"corpus": "text_files", "files": files, "tokenizer": tokenizer}}
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        np.savez(run_dir / "token_nll.npz", nll=nll, offset=offset)
+    context = tmp_path / "runs" / "context"
+    context.mkdir()
+    (context / "recl.csv").write_text(
+        "model,axis,r,recl,reached_end\nxl,memory,0.1,32,False\nxl,memory,0.01,48,True\n"
+    )
+    report_main(
+        [str(tmp_path / "runs" / "xl"), str(tmp_path / "runs" / "gpt2"), "--out", str(tmp_path / "out")]
+    )
+    with (tmp_path / "out" / "report.csv").open() as f:
+        rows = {row["run"]: row for row in csv.DictReader(f)}
+    assert float(rows["xl"]["long_range_loss"]) == 1.0
+    assert float(rows["xl"]["near_loss"]) == 2.0
+    assert rows["xl"]["recl_r0.1"] == "32 (memory)"
+    assert rows["xl"]["recl_r0.01"] == "48+ (memory)"
+    assert [rows["gpt2"][c] for c in ("long_range_loss", "near_loss", "recl_r0.1")] == ["-", "-", "-"]
