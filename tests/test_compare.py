@@ -3,9 +3,9 @@
 compare_tiny: every method reads the same text (same corpus, same split sources, the same fraction of
 the same number of test rows), trains on the same number of bytes (byte-level: steps x rows x L; GPT-2:
 pretraining + fine-tuning tokens x bytes per BPE token of the training text), with non-embedding
-parameter counts within 10% of each other (the recurrence's and f_c's own weights on top); every line names its
-run under compare_tiny/ (compare_paper/), and a line that reads a checkpoint comes after the fit line
-that writes it.
+parameter counts within 10% of each other (the recurrence's and f_c's own weights on top); every line
+names its run under compare_tiny/ (compare_paper/), and a line that reads a checkpoint comes after the
+fit line that writes it.
 """
 
 from __future__ import annotations
