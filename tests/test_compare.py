@@ -29,7 +29,12 @@ SWEEPS = REPO / "slurm" / "sweeps"
 BUDGET_BYTES = 196_608  # training bytes per method (configs/compare/tiny_bytes.yaml)
 TRAIN_BYTES, TRAIN_BPE_TOKENS = 1_142_309, 249_735  # WikiText-103 valid as text: bytes, GPT-2 BPE tokens
 BYTE_METHODS = (
-    "transformer_xl", "compressive_transformer", "rpe", "adaptive_span", "fixed_span", "window_transformer"
+    "transformer_xl",
+    "compressive_transformer",
+    "rpe",
+    "adaptive_span",
+    "fixed_span",
+    "window_transformer",
 )
 GPT2_FINETUNED = ("gpt2_window", "recurrent_gpt2")
 EVAL_ONLY = {"trams": "transformer_xl", "oracle": "transformer_xl"}  # evaluated on that checkpoint
