@@ -32,14 +32,13 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from recurrence import fastest_step_and_peak  # this folder's timing and peak memory
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("compressive", "xl_same_attention", "xl_same_reach")
@@ -60,11 +59,6 @@ def build(cfg: dict) -> torch.nn.Module:
         )
     memory = n_m + n_cm if cfg["model"] == "xl_same_attention" else n_m + c * n_cm
     return TransformerXLLM(**network, mem_len=memory)
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def measure(cfg: dict) -> dict:
@@ -97,29 +91,11 @@ def measure(cfg: dict) -> dict:
         for p in model.parameters():
             p.grad = None
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    before = rss_bytes()
     reach = cfg["mem_len"] + cfg["rate"] * cfg["cmem_len"]
-    for _ in range(math.ceil(reach / cfg["segment"]) + 1):  # every memory full from here on
-        step()
-    times = []
-    for _ in range(cfg["steps"]):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before + params
+    fill = math.ceil(reach / cfg["segment"]) + 1  # every memory full from here on
+    step_s, peak = fastest_step_and_peak(step, model, device, cfg["steps"], warmup=fill)
     tokens = shape[0] * shape[1]
-    return {"peak_mib": peak / 2**20, "tokens_per_s": tokens / min(times)}
+    return {"peak_mib": peak / 2**20, "tokens_per_s": tokens / step_s}
 
 
 def describe(cfg: dict, model: str) -> str:

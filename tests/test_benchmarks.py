@@ -21,9 +21,32 @@ BENCHMARKS = ROOT / "benchmarks"
 
 TINY_RUNS = {
     "compressive.py": (
-        ["--n_layers", "1", "--d_model", "16", "--n_heads", "2", "--d_inner", "32", "--vocab", "64",
-         "--segment", "8", "--mem_len", "8", "--cmem_len", "4", "--rate", "2", "--batch", "2",
-         "--steps", "1", "--repeats", "1"],  # fmt: skip
+        [
+            "--n_layers",
+            "1",
+            "--d_model",
+            "16",
+            "--n_heads",
+            "2",
+            "--d_inner",
+            "32",
+            "--vocab",
+            "64",
+            "--segment",
+            "8",
+            "--mem_len",
+            "8",
+            "--cmem_len",
+            "4",
+            "--rate",
+            "2",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--repeats",
+            "1",
+        ],
         "n_m 8 + n_cm 4 (c 2): attends 12, reaches 16",
     ),
     "trams.py": (

@@ -369,20 +369,13 @@ def test_tables_and_figures_go_to_wandb_unless_disabled(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the Compressive Transformer
 def tiny_compressive_flags(tmp_path: Path) -> list[str]:
-    """A one-layer Compressive Transformer (n_s 8, n_m 8, n_cm 8, c 2) on the bundled sample text."""
-    return [
-        "--config", str(REPO / "configs" / "compressive_transformer_tiny.yaml"),
-        "--data.corpus", "sample", "--data.split_sources", "null",
-        "--data.cache_dir", str(tmp_path / "cache"),
-        "--data.eval_batch_size", "2", "--data.eval_tgt_len", "8",
-        "--model.init_args.n_layers", "1", "--model.init_args.d_model", "16",
-        "--model.init_args.n_heads", "2", "--model.init_args.d_inner", "32",
-        "--model.init_args.cutoffs", "[]", "--model.init_args.mem_len", "8",
-        "--model.init_args.cmem_len", "8", "--model.init_args.compression_rate", "2",
-        "--model.init_args.init_std", "0.5", "--model.init_args.proj_init_std", "0.5",
-        "--trainer.limit_val_batches", "4", "--trainer.logger", "false",
-        "--trainer.enable_progress_bar", "false",
-    ]  # fmt: skip
+    """`tiny_xl_flags` as a Compressive Transformer: n_s 8, n_m 8, n_cm 8, c 2, 4 validation segments."""
+    flags = tiny_xl_flags(tmp_path)
+    flags[1] = str(REPO / "configs" / "compressive_transformer_tiny.yaml")
+    for flag in ("--data.eval_tgt_len", "--model.init_args.mem_len"):
+        flags[flags.index(flag) + 1] = "8"
+    flags[flags.index("--trainer.limit_val_batches") + 1] = "4"
+    return [*flags, "--model.init_args.cmem_len", "8", "--model.init_args.compression_rate", "2"]
 
 
 def test_the_compressive_transformer_sweeps_its_compressed_memory_then_its_memory(tmp_path):
