@@ -6,7 +6,7 @@ same seed; a callback times every optimizer step. The first `--warmup` steps (co
 timed; the median of the rest is. Validation runs once inside the warm-up, so the eval graphs are
 compiled there too.
 
-    python benchmarks/compile.py                      # all three methods, ~3 min on 2 CPU cores
+    python benchmarks/compile.py                      # all four methods, ~4 min on 2 CPU cores
     python benchmarks/compile.py --methods transformer_xl --steps 40
 """
 
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from longctx.callbacks import CompileNetwork
 from longctx.data.streams import SegmentStream
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
 from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.transformer_xl.module import TransformerXLLM
 
@@ -39,6 +40,17 @@ METHODS = {
     ),
     "transformer_xl": lambda: TransformerXLLM(
         vocab_size=VOCAB, n_layers=4, d_model=256, n_heads=4, d_inner=1024, mem_len=128
+    ),
+    # c = 2 divides the segment (--block) and n_m: both memories keep one shape once full.
+    "compressive_transformer": lambda: CompressiveTransformerLM(
+        vocab_size=VOCAB,
+        n_layers=4,
+        d_model=256,
+        n_heads=4,
+        d_inner=1024,
+        mem_len=64,
+        cmem_len=64,
+        compression_rate=2,
     ),
     "recurrent_gpt2": lambda: RecurrentGPT2LM(
         vocab_size=VOCAB, gpt2_config={"n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 128}

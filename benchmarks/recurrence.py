@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -84,15 +85,24 @@ def measure(cfg: dict) -> dict:
         for p in model.parameters():
             p.grad = None
 
+    step_s, peak = fastest_step_and_peak(step, model, device, cfg["steps"])
+    tokens = shape[0] * shape[1] * shape[2]
+    return {**cfg, "peak_mib": peak / 2**20, "tokens_per_s": tokens / step_s, "step_s": step_s}
+
+
+def fastest_step_and_peak(
+    step: Callable[[], None], model: torch.nn.Module, device: torch.device, steps: int, warmup: int = 1
+) -> tuple[float, int]:
+    """The fastest of `steps` timed calls of `step` after `warmup` untimed ones (which count for the
+    peak), and the peak memory in bytes over all of them (see the module docstring)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    else:
-        before = rss_bytes()
-    step()  # warm-up (also the first peak)
+    before = rss_bytes()
+    for _ in range(warmup):
+        step()
     times = []
-    for _ in range(cfg["steps"]):
+    for _ in range(steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -101,12 +111,9 @@ def measure(cfg: dict) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before + params
-    tokens = shape[0] * shape[1] * shape[2]
-    return {**cfg, "peak_mib": peak / 2**20, "tokens_per_s": tokens / min(times), "step_s": min(times)}
+        return min(times), torch.cuda.max_memory_allocated()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return min(times), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before + params
 
 
 def main() -> None:

@@ -81,7 +81,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--ckpt_path", action="append", required=True, help="its checkpoint (one per --config)"
     )
     parser.add_argument("--name", action="append", help="its label in tables and figures (in order)")
-    parser.add_argument("--axis", help="memory, attended, span_cap, window or overlap (default: per method)")
+    parser.add_argument(
+        "--axis", help="memory, attended, span_cap, window, overlap or compressed (default: per method)"
+    )
     parser.add_argument(
         "--lengths", type=int, nargs="+", help="context lengths (default: five up to the configured)"
     )

@@ -5,7 +5,8 @@ It reads what each run wrote into its own directory (`summary.json` and `metrics
 writes into `--out` (default `report/`):
 
 - `report.md` and `report.csv`: one row per run: run, method, variant (what the config ran: memory
-  length, TRAMS m/M, no memory, recurrence on/off, window and overlap, span kind, protocol), corpus,
+  length, TRAMS m/M, no memory, recurrence on/off, window and overlap, span kind, protocol,
+  the Compressive Transformer's n_m + n_cm, f_c and c), corpus,
   status, parameters, training tokens seen, training tokens/s, peak memory, FLOPs per token, the
   method's native metric (bpc or ppl) on validation and test, test word perplexity, and bits per
   byte on validation and test; on a synthetic long-range task (`python -m longctx.data synth`), the
@@ -177,6 +178,21 @@ def _xl_variant(run: Run) -> str:
     return f"{kind}, protocol {model.get('protocol')}"
 
 
+def _compressive_variant(run: Run) -> str:
+    """The Compressive Transformer's evaluation memories n_m + n_cm, f_c and c, and how far they reach."""
+    model = _settings(run, "model")
+    trained = (model.get("mem_len"), model.get("cmem_len"))
+    memory = _first_set(model.get("eval_mem_len"), trained[0])
+    compressed = _first_set(model.get("eval_cmem_len"), trained[1])
+    rate = model.get("compression_rate")
+    kind = f"memory {memory} + compressed {compressed} ({model.get('compression')}, c={rate})"
+    if isinstance(memory, int) and isinstance(compressed, int) and isinstance(rate, int):
+        kind += f", reaches {memory + rate * compressed}"
+    if (memory, compressed) != trained:
+        kind += f" (trained with {trained[0]} + {trained[1]})"
+    return kind
+
+
 def _span_variant(run: Run) -> str:
     model = _settings(run, "model")
     return f"{model.get('span')} span S={model.get('attn_span')}"
@@ -205,6 +221,7 @@ def _window_variant(run: Run) -> str:
 # What tells runs of one method apart, read from the run's resolved config.yaml (model and data init_args).
 VARIANTS: dict[str, Callable[[Run], str]] = {
     "TransformerXLLM": _xl_variant,
+    "CompressiveTransformerLM": _compressive_variant,
     "AdaptiveSpanLM": _span_variant,
     "RecurrentGPT2LM": _recurrence_variant,
     "WindowTransformerLM": _window_variant,

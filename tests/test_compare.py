@@ -3,9 +3,9 @@
 compare_tiny: every method reads the same text (same corpus, same split sources, the same fraction of
 the same number of test rows), trains on the same number of bytes (byte-level: steps x rows x L; GPT-2:
 pretraining + fine-tuning tokens x bytes per BPE token of the training text), with non-embedding
-parameter counts within 10% of each other (the recurrence's own weights on top); every line names its
-run under compare_tiny/ (compare_paper/), and a line that reads a checkpoint comes after the fit line
-that writes it.
+parameter counts within 10% of each other (the recurrence's and f_c's own weights on top); every line
+names its run under compare_tiny/ (compare_paper/), and a line that reads a checkpoint comes after the
+fit line that writes it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,14 @@ SWEEPS = REPO / "slurm" / "sweeps"
 
 BUDGET_BYTES = 196_608  # training bytes per method (configs/compare/tiny_bytes.yaml)
 TRAIN_BYTES, TRAIN_BPE_TOKENS = 1_142_309, 249_735  # WikiText-103 valid as text: bytes, GPT-2 BPE tokens
-BYTE_METHODS = ("transformer_xl", "rpe", "adaptive_span", "fixed_span", "window_transformer")
+BYTE_METHODS = (
+    "transformer_xl",
+    "compressive_transformer",
+    "rpe",
+    "adaptive_span",
+    "fixed_span",
+    "window_transformer",
+)
 GPT2_FINETUNED = ("gpt2_window", "recurrent_gpt2")
 EVAL_ONLY = {"trams": "transformer_xl", "oracle": "transformer_xl"}  # evaluated on that checkpoint
 
@@ -89,7 +96,14 @@ def non_embedding_parameters(config: dict) -> int:
     vocab = 256 if config["data"]["tokenizer"] == "bytes" else 50_257
     model = cls(**{**kwargs, "vocab_size": vocab})
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    return sum(p.numel() for p in model.parameters() if id(p) not in embedding and p.shape[0] != vocab)
+    skipped = embedding | {id(p) for p in compression_parameters(model)}
+    return sum(p.numel() for p in model.parameters() if id(p) not in skipped and p.shape[0] != vocab)
+
+
+def compression_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The Compressive Transformer's f_c weights: on top of the matched network, as the recurrence's."""
+    net = getattr(model, "net", None)
+    return net.compression_parameters() if hasattr(net, "compression_parameters") else []
 
 
 @pytest.mark.slow
@@ -121,6 +135,11 @@ def test_tiny_runs_read_the_same_text_with_the_same_budget_and_size():
     # every other network is within 10% of the smallest.
     recurrent = sizes.pop("recurrent_gpt2")
     assert max(sizes.values()) <= 1.10 * min(sizes.values()), sizes
+    assert sizes["compressive_transformer"] == sizes["transformer_xl"]  # XL's network, f_c on top
+    ct = resolve(COMPARE / "tiny_compressive_transformer.yaml")["model"]["init_args"]
+    d, c = ct["d_model"], ct["compression_rate"]
+    assert ct["mem_len"] + ct["cmem_len"] == configs["transformer_xl"]["model"]["init_args"]["mem_len"]
+    assert ct["compression"] == "conv" and ct["n_layers"] * (d * d * c + d) < 0.2 * sizes["transformer_xl"]
     assert sizes["gpt2_window"] < recurrent <= 1.2 * sizes["gpt2_window"]
 
 

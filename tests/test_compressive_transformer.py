@@ -11,6 +11,7 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.loggers import Logger
 
 from longctx.methods.compressive_transformer.compression import Decoder, build_compression
 from longctx.methods.compressive_transformer.flops import macs_per_token
@@ -353,3 +354,36 @@ def test_most_used_in_the_network_keeps_evicted_states_in_their_order():
     assert kept[0] in (5, 6, 7, 8) and kept[1] in (5, 6, 7, 8) and kept[2] in (9, 10)
     for slot, t in zip(memory.compressed[0][0], kept):
         torch.testing.assert_close(slot, emb[t - 1])
+
+
+class RecordingLogger(Logger):
+    """The metrics a logger (W&B's, the CSV's) receives, one dict per `log_metrics` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[dict[str, float]] = []
+
+    name, version = "recording", 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append(dict(metrics))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+
+def test_the_logger_receives_the_reconstruction_loss_and_each_layers_compressed_attention(tmp_path):
+    """train/ every logged step, val/ at each validation: what W&B and metrics.jsonl are given."""
+    data = SyntheticData(n_tokens=401, batch_size=2, seq_len=8, eval_batch_size=2)
+    logger = RecordingLogger()
+    trainer = cpu_trainer(
+        tmp_path, max_steps=4, limit_val_batches=6, val_check_interval=4, log_every_n_steps=1, logger=logger
+    )
+    trainer.fit(tiny(), datamodule=data)
+    train = [m for m in logger.logged if "train/loss" in m]
+    assert len(train) == 4 and all(m["train/reconstruction_loss"] >= 0 for m in train)
+    assert any(m["train/reconstruction_loss"] > 0 for m in train)  # f_c learns once memories overflow
+    (val,) = [m for m in logger.logged if "val/loss" in m]
+    layers = [val[f"val/compressed_mass_layer{i}"] for i in range(2)]
+    assert all(0 < mass < 1 for mass in layers) and val["val/reconstruction_loss"] > 0
+    assert val["val/compressed_mass"] == pytest.approx(sum(layers) / 2)

@@ -361,3 +361,51 @@ def test_tables_and_figures_go_to_wandb_unless_disabled(tmp_path, monkeypatch):
     log_to_wandb(tmp_path, "ctx", "longctx-test", tables, [figure])
     (run,) = (tmp_path / "wandb").glob("offline-run-*-ctx")
     assert list(run.glob("*.wandb"))  # the run's records, to sync later
+
+
+# ------------------------------------------------------------------ the Compressive Transformer
+def tiny_compressive_flags(tmp_path: Path) -> list[str]:
+    """`tiny_xl_flags` as a Compressive Transformer: n_s 8, n_m 8, n_cm 8, c 2, 4 validation segments."""
+    flags = tiny_xl_flags(tmp_path)
+    flags[1] = str(REPO / "configs" / "compressive_transformer_tiny.yaml")
+    for flag in ("--data.eval_tgt_len", "--model.init_args.mem_len"):
+        flags[flags.index(flag) + 1] = "8"
+    flags[flags.index("--trainer.limit_val_batches") + 1] = "4"
+    return [*flags, "--model.init_args.cmem_len", "8", "--model.init_args.compression_rate", "2"]
+
+
+def test_the_compressive_transformer_sweeps_its_compressed_memory_then_its_memory(tmp_path):
+    from longctx.diagnostics.axes import default_axis
+    from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
+
+    model = CompressiveTransformerLM(vocab_size=64, n_layers=1, d_model=16, n_heads=2, d_inner=32,
+                                     mem_len=8, cmem_len=16, compression_rate=2)  # fmt: skip
+    data = LMDataModule("sample", cache_dir=str(tmp_path), tgt_len=8)
+    assert default_axis(model, data).name == "compressed"
+    assert axis_named("compressed").lengths_for(model, data, None) == [0, 4, 8, 12, 16]
+    axis_named("compressed").set(model, data, 4)
+    axis_named("memory").set(model, data, 2)
+    assert (model.eval_cmem_len, model.eval_mem_len, model.cmem_len, model.mem_len) == (4, 2, 16, 8)
+    with pytest.raises(AxisError, match="--axis compressed does not apply to TransformerXLLM"):
+        axis_named("compressed").lengths_for(tiny_transformer_xl(), data, [1])
+
+
+@pytest.mark.slow
+def test_a_compressive_transformer_point_equals_the_validate_run_with_its_flags(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    flags = tiny_compressive_flags(tmp_path)
+    save_checkpoint(flags, tmp_path / "ct.ckpt")
+    context_main(["--config", flags[1], "--ckpt_path", "ct.ckpt", "--name", "ct", "--lengths", "0", "4",
+                  "--run_name", "ctx", *flags[2:]])  # fmt: skip
+    rows = read_csv(tmp_path / "runs" / "ctx" / "context.csv")
+    assert [(row["axis"], row["context_length"], row["flags"]) for row in rows] == [
+        ("compressed", "0", "--model.init_args.eval_cmem_len 0"),
+        ("compressed", "4", "--model.init_args.eval_cmem_len 4"),
+    ]
+    assert float(rows[0]["loss"]) != float(rows[1]["loss"])  # the compressed memory is read
+    cli = main(["validate", *flags, "--model.init_args.eval_cmem_len", "4", "--ckpt_path", "ct.ckpt",
+                "--run_name", "validate"])  # fmt: skip
+    metrics = cli.trainer.callback_metrics
+    assert float(rows[1]["loss"]) == float(metrics["val/loss"])  # exactly
+    assert int(rows[1]["tokens"]) == int(metrics["val/tokens"])

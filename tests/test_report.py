@@ -231,6 +231,9 @@ XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
 GPT2 = "longctx.methods.recurrence.module.RecurrentGPT2LM"
 SPAN = "longctx.methods.adaptive_span.module.AdaptiveSpanLM"
 WINDOW = "longctx.methods.window_transformer.module.WindowTransformerLM"
+CT = "longctx.methods.compressive_transformer.module.CompressiveTransformerLM"
+CT_ARGS = {"mem_len": 32, "cmem_len": 16, "compression": "conv", "compression_rate": 2,
+           "eval_mem_len": None, "eval_cmem_len": None}  # fmt: skip
 XL_ARGS = {"mem_len": 32, "eval_mem_len": 64, "protocol": "xl", "trams_attended": None, "trams_pool": None,
            "trams_kept": None, "trams_metric": "code"}  # fmt: skip
 DATA = {"corpus": "wikitext2", "tgt_len": 64, "eval_tgt_len": None, "overlap": 0, "eval_overlap": None}
@@ -246,6 +249,8 @@ VARIANT_CONFIGS = {
     "adaptive_span": (SPAN, {"span": "adaptive", "attn_span": 512}, DATA),
     "fixed_span": (SPAN, {"span": "fixed", "attn_span": 512}, DATA),
     "window": (WINDOW, {}, {**DATA, "eval_tgt_len": 128}),
+    "compressive": (CT, CT_ARGS, DATA),
+    "compressive_longer": (CT, {**CT_ARGS, "eval_cmem_len": 64, "compression_rate": 3}, DATA),
 }
 EXPECTED_VARIANTS = {
     "xl": "XL memory 64 (trained with 32), protocol xl",
@@ -259,6 +264,8 @@ EXPECTED_VARIANTS = {
     "adaptive_span": "adaptive span S=512",
     "fixed_span": "fixed span S=512",
     "window": "no memory, window 128",
+    "compressive": "memory 32 + compressed 16 (conv, c=2), reaches 64",
+    "compressive_longer": "memory 32 + compressed 64 (conv, c=3), reaches 224 (trained with 32 + 16)",
 }
 
 

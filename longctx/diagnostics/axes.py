@@ -5,14 +5,19 @@ checkpoint: every knob here is read afresh by each evaluation (nothing is precom
 an evaluation after `set(...)` is the `validate` run with `flags(...)` added to its command line
 (tested in tests/test_context.py). The context length of a point means:
 
-| axis     | methods                        | knob (`validate` flag)                 | context length  |
-|----------|--------------------------------|----------------------------------------|-----------------|
-| memory   | Transformer-XL, RPE (no TRAMS) | `--model.init_args.eval_mem_len`       | memory M        |
+| axis       | methods                        | knob (`validate` flag)              | context length |
+|------------|--------------------------------|-------------------------------------|----------------|
+| memory     | Transformer-XL, RPE (no TRAMS) | `--model.init_args.eval_mem_len`    | memory M       |
+|            | and Compressive Transformer    |                                     | (n_m)          |
+| compressed | Compressive Transformer        | `--model.init_args.eval_cmem_len`   | n_cm slots     |
 | attended | TRAMS                          | `--model.init_args.trams_attended`     | attended m      |
 | span_cap | adaptive / dynamic / fixed     | `--model.init_args.eval_span_cap`      | farthest reach  |
 | window   | any segment or window model    | `--data.eval_tgt_len`                  | segment length  |
 | overlap  | windowed / recurrent GPT-2     | `--data.eval_overlap`                  | overlap o       |
 
+The Compressive Transformer sweeps its compressed memory n_cm by default (`compressed`; n_m stays
+the configured eval_mem_len, so the last layer reaches n_m + c·n_cm back) or its memory n_m
+(`--axis memory`, n_cm fixed); both are lengths in attended slots, not in tokens reached.
 TRAMS keeps the share of always-attended slots: at m the newest round(m·kept/attended) slots are kept
 (the configured trams_kept/trams_attended, e.g. 150/200) and the rest is selected from the pool.
 A recurrent GPT-2 is evaluated twice at every point, with h_prev carried and reset
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
 from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.window_transformer.module import WindowTransformerLM
@@ -73,11 +79,14 @@ class Axis:
         return sorted({round(low + (high - low) * i / 4) for i in range(5)})
 
 
-def _xl_without_trams(model: LMBase, data: LMDataModule) -> bool:
+def _has_xl_memory(model: LMBase, data: LMDataModule) -> bool:
+    """Transformer-XL (not TRAMS) and the Compressive Transformer: an `eval_mem_len` read at every step."""
+    if isinstance(model, CompressiveTransformerLM):
+        return True
     return isinstance(model, TransformerXLLM) and model.trams is None
 
 
-def _set_memory(model: TransformerXLLM, data: LMDataModule, length: int) -> None:
+def _set_memory(model: TransformerXLLM | CompressiveTransformerLM, data: LMDataModule, length: int) -> None:
     model.eval_mem_len = length
 
 
@@ -108,12 +117,24 @@ def _set_window(model: LMBase, data: LMDataModule, length: int) -> None:
 
 MEMORY = Axis(
     "memory",
-    applies=_xl_without_trams,
-    why_not="it is the memory length of Transformer-XL and RPE (a TRAMS model sweeps `attended`)",
+    applies=_has_xl_memory,
+    why_not=(
+        "it is the memory length of Transformer-XL, RPE and the Compressive Transformer "
+        "(a TRAMS model sweeps `attended`)"
+    ),
     limits=lambda model, data: (0, None),
     default_max=lambda model, data: model.eval_mem_len,
     set=_set_memory,
     flags=lambda model, data, length: ["--model.init_args.eval_mem_len", str(length)],
+)
+COMPRESSED = Axis(
+    "compressed",
+    applies=lambda model, data: isinstance(model, CompressiveTransformerLM),
+    why_not="it is the compressed memory n_cm of the Compressive Transformer (eval_cmem_len)",
+    limits=lambda model, data: (0, None),
+    default_max=lambda model, data: model.eval_cmem_len,
+    set=lambda model, data, length: setattr(model, "eval_cmem_len", length),
+    flags=lambda model, data, length: ["--model.init_args.eval_cmem_len", str(length)],
 )
 ATTENDED = Axis(
     "attended",
@@ -156,11 +177,13 @@ OVERLAP = Axis(
     set=lambda model, data, length: data.set_eval_overlap(length),
     flags=lambda model, data, length: ["--data.eval_overlap", str(length)],
 )
-AXES = {axis.name: axis for axis in (MEMORY, ATTENDED, SPAN_CAP, WINDOW, OVERLAP)}
+AXES = {axis.name: axis for axis in (MEMORY, ATTENDED, SPAN_CAP, WINDOW, OVERLAP, COMPRESSED)}
 
 
 def default_axis(model: LMBase, data: LMDataModule) -> Axis:
     """The axis a method is swept along unless `--axis` says otherwise."""
+    if isinstance(model, CompressiveTransformerLM):
+        return COMPRESSED
     if isinstance(model, TransformerXLLM):
         return MEMORY if model.trams is None else ATTENDED
     if isinstance(model, AdaptiveSpanLM):
