@@ -4,7 +4,11 @@ position and document distance, the evaluation knobs it sweeps, and its numbers 
 from __future__ import annotations
 
 import csv
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning
@@ -357,8 +361,16 @@ def test_tables_and_figures_go_to_wandb_unless_disabled(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     log_to_wandb(tmp_path, "ctx", "longctx-test", tables, [figure])
     assert not (tmp_path / "wandb").exists()
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    log_to_wandb(tmp_path, "ctx", "longctx-test", tables, [figure])
+    # Offline in a fresh interpreter: a W&B service that another test started in this process (named
+    # in WANDB_SERVICE) would take the run and keep its records elsewhere.
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"} | {"WANDB_MODE": "offline"}
+    code = (
+        "import json, sys; from pathlib import Path; from longctx.context import log_to_wandb; "
+        "root = Path(sys.argv[1]); "
+        "log_to_wandb(root, 'ctx', 'longctx-test', json.loads(sys.argv[2]), [root / 'context.png'])"
+    )
+    args = [sys.executable, "-c", code, str(tmp_path), json.dumps(tables)]
+    subprocess.run(args, env=env, cwd=REPO, check=True, timeout=300)
     (run,) = (tmp_path / "wandb").glob("offline-run-*-ctx")
     assert list(run.glob("*.wandb"))  # the run's records, to sync later
 

@@ -57,6 +57,9 @@ def test_fit_report_and_convert_write_only_where_told_with_the_umask_mode(tmp_pa
     for folder in (home, tmp, work, inputs):
         folder.mkdir()
     env = {name: value for name, value in os.environ.items() if name not in FOLDER_VARIABLES}
+    # A W&B service that an earlier test started in this process is named in WANDB_SERVICE: the
+    # commands must start their own ("run ID ... is in use" and records elsewhere otherwise).
+    env.pop("WANDB_SERVICE", None)
     env.update(
         HOME=str(home),
         TMPDIR=str(tmp),
