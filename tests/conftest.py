@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,17 +45,10 @@ def _token_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
 
 @pytest.fixture(autouse=True)
 def _wandb_folders_restored() -> Iterator[None]:
-    """`cli.keep_wandb_in` sets W&B's folder variables for the process: restore them after each test.
-
-    A test that logs to W&B in this process also starts W&B's service and names it in
-    `WANDB_SERVICE`; the subprocesses of later tests would inherit it and log through that service
-    (into its folders, with its run ids taken: "run ID ... is in use"). It is shut down after the test.
-    """
-    names = ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR", "WANDB_SERVICE")
+    """`cli.keep_wandb_in` sets W&B's folder variables for the process: restore them after each test."""
+    names = ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR")  # cli.WANDB_FOLDERS
     saved = {name: os.environ.get(name) for name in names}
     yield
-    if "wandb" in sys.modules and os.environ.get("WANDB_SERVICE") != saved["WANDB_SERVICE"]:
-        sys.modules["wandb"].teardown()
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
