@@ -9,6 +9,7 @@ transitively.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -257,3 +258,100 @@ def test_shared_code_imports_no_method(path):
 
 def test_the_method_import_check_sees_through_other_modules():
     assert "longctx/methods/window_transformer/module.py" in method_imports(REPO / "longctx" / "context.py")
+
+
+# A method's notation table (its package docstring) maps the paper's symbols to `file.py:Name` or
+# `file.py:Name.attr` in the method's folder, or to `longctx/<path>.py:Name` elsewhere. A path of the
+# authors' code (`pytorch/mem_transformer.py`) is no reference: a path's last part never matches alone.
+REFERENCE = re.compile(r"(?<![\w/.-])((?:longctx/(?:\w+/)*)?\w+\.py):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+TABLE_RULE = re.compile(r"^\|(?:[ :]*-+[ :]*\|)+$", re.MULTILINE)  # the rule under a markdown table's header
+
+
+def defined_names(body: list[ast.stmt]) -> dict[str, ast.AST | None]:
+    """Names a module or class body defines (functions, classes, assignments, annotated fields), each
+    with its class node (None for anything else). Imports define nothing here: a reference names the
+    file that defines it."""
+    names: dict[str, ast.AST | None] = {}
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names[node.name] = None
+        elif isinstance(node, ast.ClassDef):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update((n.id, None) for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def class_attributes(cls: ast.ClassDef) -> dict[str, ast.AST | None]:
+    """What `Class.attr` can name: the class body's names and the `self.attr` its methods assign."""
+    names = defined_names(cls.body)
+    for node in ast.walk(cls):
+        target = isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+        if target and isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.setdefault(node.attr, None)
+    return names
+
+
+def resolves(path: Path, dotted: str) -> bool:
+    """Whether `dotted` (Name, Name.attr, Class.Nested.attr) is defined in the file at `path`."""
+    if not path.is_file():
+        return False
+    names = defined_names(ast.parse(path.read_text(), filename=str(path)).body)
+    *scopes, last = dotted.split(".")
+    for part in scopes:
+        node = names.get(part)
+        if not isinstance(node, ast.ClassDef):
+            return False
+        names = class_attributes(node)
+    return last in names
+
+
+def notation_problems(package: Path) -> list[str]:
+    """What is wrong with a method package's notation table: no table, or references that name no
+    file or no definition in it."""
+    init = package / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text(), filename=str(init))) or ""
+    references = REFERENCE.findall(doc)
+    if not TABLE_RULE.search(doc) or not references:
+        return [f"{init.relative_to(REPO)}: no notation table of `file.py:Name` references"]
+    return [
+        f"{init.relative_to(REPO)}: {file}:{dotted} is not defined there"
+        for file, dotted in references
+        if not resolves(REPO / file if "/" in file else package / file, dotted)
+    ]
+
+
+@pytest.mark.parametrize("method", sorted(registry.METHODS))
+def test_every_method_maps_its_papers_symbols_to_code_that_exists(method):
+    """Each method's `__init__.py` holds its notation table (docs/architecture.md, "Adding a method"),
+    and every `file.py:Name` in it is defined in that file (a rename that forgets the table fails)."""
+    assert notation_problems(REPO / "longctx" / "methods" / method) == []
+
+
+def test_the_notation_check_finds_a_missing_table_and_a_stale_reference(tmp_path, monkeypatch):
+    package = tmp_path / "longctx" / "methods" / "m"
+    package.mkdir(parents=True)
+    (tmp_path / "longctx" / "flops.py").write_text("def count():\n    pass\n")
+    (package / "network.py").write_text(
+        "class Net:\n    size = 1\n\n    def __init__(self):\n        self.S, self.R = 1, 2\n\n"
+        "def mask():\n    pass\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (package / "__init__.py").write_text('"""Method m (Someone 2020, §2). See network.py:Net."""\n')
+    assert notation_problems(package) == [
+        "longctx/methods/m/__init__.py: no notation table of `file.py:Name` references"
+    ]
+    table = (
+        "| symbol | longctx |\n|--------|---------|\n"
+        "| S, R | network.py:Net.S, network.py:Net.R, network.py:Net.size |\n"
+        "| m_z | network.py:mask, longctx/flops.py:count (code: pytorch/mem_transformer.py:Net.x) |\n"
+        "| z | network.py:Net.z, network.py:masks, memory.py:Net, longctx/flops.py:mask |\n"
+    )
+    (package / "__init__.py").write_text(f'"""Method m.\n\n{table}"""\n')
+    assert notation_problems(package) == [
+        "longctx/methods/m/__init__.py: network.py:Net.z is not defined there",
+        "longctx/methods/m/__init__.py: network.py:masks is not defined there",
+        "longctx/methods/m/__init__.py: memory.py:Net is not defined there",
+        "longctx/methods/m/__init__.py: longctx/flops.py:mask is not defined there",
+    ]

@@ -8,22 +8,7 @@ the hidden states that entered the layer in earlier blocks (the code's `h_cache`
 Training loss = mean NLL + λ·Σ_layers (1/H)·Σ_heads z_i (code: `adapt_span_loss · S · mean(z')` per
 layer, summed over layers). z' is clamped to [0, 1] after every optimizer step.
 
-Notation (the paper's symbols, the released code's names, and longctx's):
-
-| symbol | meaning                                  | paper / released code     | longctx                   |
-|--------|------------------------------------------|---------------------------|---------------------------|
-| S      | maximum span                             | S / `attn_span`           | `attn_span` (inside: `S`) |
-| z, z'  | learned span of a head, z = S·z'         | z / `current_val` (z')    | `z` and `z_ratio` (z')    |
-| z_t    | dynamic span of query t                  | z_t / (not released)      | `DynamicSpan`             |
-| R      | ramp length of the soft mask             | R / `adapt_span_ramp`     | `span_ramp` (inside: `R`) |
-| λ      | weight of the l1 span penalty            | λ / `adapt_span_loss`     | `span_loss`               |
-| H      | heads per layer                          | M (§2.2) / `nb_heads`     | `n_heads`                 |
-| M      | block length (tokens per row and batch)  | - / `block_size`          | `data.tgt_len`            |
-| L      | positions a layer attends after trimming | - / `attn_span - trim_len`| `attended_length()`       |
-| C_l    | cached hidden states of layer l          | - / `get_cache_size()`    | `SpanCache.h_cache[l]`    |
-
-The paper's M (number of heads in the span loss) is written H here, because M in shapes is the block
-length, as in the released code.
+The paper's symbols and where each lives in this folder: the package docstring (`__init__.py`).
 """
 
 from __future__ import annotations

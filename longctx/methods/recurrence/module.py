@@ -23,21 +23,7 @@ Make your own small "pretrained" GPT-2 and add recurrence to it (the full recipe
     python -m longctx fit --config configs/recurrent_gpt2_tiny.yaml \
         --model.init_args.pretrained runs/gpt2_tiny_hf --model.init_args.gpt2_config null
 
-Notation (the paper's symbols and longctx's names; the authors released no code):
-
-| symbol  | meaning                                              | longctx                                |
-|---------|------------------------------------------------------|----------------------------------------|
-| T       | window length (tokens per window)                    | `data.tgt_len`                         |
-| o       | overlap of consecutive windows (stride T − o)        | `data.overlap`, `data.eval_overlap`    |
-| K       | windows per batch row, backpropagated through        | `data.windows_per_batch`               |
-| L       | blocks of the GPT-2 (HF's `n_layer`)                 | `gpt2_config.n_layer`; `n_layers` below |
-| ℓ_ins   | block that reads h_prev (0-based)                    | `insert_layer`                         |
-| w       | layer weights of the pooling (eq. 1, softmax(w))     | `LayerPooling.weight_logits`           |
-| z_i     | pooled hidden states of window i (eq. 1)             | `LayerPooling` output (B, d)           |
-| h_prev  | FFN(z_i), read by window i+1 as one key/value        | `RecurrenceMemory.h_prev` (B, d)       |
-| N       | non-embedding parameters (Kaplan et al. 2020)        | `flops.kaplan_non_embedding_params`    |
-
-k in the code indexes the windows of a batch (0 … K − 1).
+The paper's symbols and where each lives in this folder: the package docstring (`__init__.py`).
 """
 
 from __future__ import annotations

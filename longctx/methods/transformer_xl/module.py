@@ -32,22 +32,7 @@ Logged at evaluation (when `log_attention_mass`): `trams/mem_mass`, the attentio
 attended memory keys averaged over layers, heads, queries and batch rows (the paper's attention-mass
 analysis: XL at m vs TRAMS at m), and `trams/mem_mass_layer{i}`.
 
-Notation (the papers' symbols, the released codes' names, and longctx's):
-
-| symbol | meaning                      | papers / released code          | longctx                       |
-|--------|------------------------------|---------------------------------|-------------------------------|
-| n      | segment length               | L / `tgt_len`                   | `data.tgt_len`, `eval_*`      |
-| M_xl   | memory kept per layer (XL)   | M (XL §3.2) / `mem_len`         | `mem_len`, `eval_mem_len`     |
-| P      | memory slots held now        | - / `mlen`                      | `XLMemory.valid.shape[1]`     |
-| u, v   | content / position biases    | u, v / `r_w_bias`, `r_r_bias`   | same names                    |
-| M      | TRAMS pool, scored per layer | M (TRAMS §3) / `mem_len`        | `trams_pool`                  |
-| m      | memory slots attended        | m / `remain_mem_num + topk_num` | `trams_attended`              |
-| k      | slots selected from the pool | k / `topk_num`                  | `trams_attended − trams_kept` |
-| m − k  | newest slots always attended | - / `remain_mem_num`            | `trams_kept`                  |
-| K′     | reformulated key W_Q⁽ʰ⁾ᵀk    | K′ / `QKk`                      | never materialised            |
-| H, Dh  | heads, per-head size         | - / `n_head`, `d_head`          | `n_heads`, `d_head`           |
-
-The Transformer-XL paper's M (memory length) is `mem_len` here; M alone means TRAMS's pool.
+The papers' symbols and where each lives in this folder: the package docstring (`__init__.py`).
 """
 
 from __future__ import annotations
