@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import Logger
 
 from longctx.methods.compressive_transformer.compression import Decoder, build_compression
 from longctx.methods.compressive_transformer.flops import macs_per_token
-from longctx.methods.compressive_transformer.memory import evicted_count, reset_memory_rows
+from longctx.methods.compressive_transformer.memory import evicted_count, reset_compressive_memory_rows
 from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
@@ -125,7 +125,7 @@ def test_reset_of_one_row_clears_both_memories_and_the_row_restarts_as_fresh():
     memory = ct.empty_memory(2)
     for x in stream[:4]:
         memory = run(x, memory).memory
-    cleared = reset_memory_rows(memory, torch.tensor([False, True]))
+    cleared = reset_compressive_memory_rows(memory, torch.tensor([False, True]))
     for before, after in zip([*memory.hidden, *memory.compressed], [*cleared.hidden, *cleared.compressed]):
         assert torch.equal(after[0], before[0]) and not after[1].any()
     assert torch.equal(cleared.valid[0], memory.valid[0]) and not cleared.valid[1].any()

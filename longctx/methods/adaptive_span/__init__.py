@@ -35,8 +35,8 @@ Notation (the paper's symbols and where they live; files of this folder; § = th
 |             | + R, trimmed in steps of 64              |       | mask.py:TRIM_GRANULARITY                  |
 | L_h         | per-head trimming (`span_trim: head`;    | ours  | attention.py:SpanAttention.head_groups,   |
 |             | the code trims per layer)                |       | attention.py:SpanAttention._grouped_heads |
-| C_l         | cache for the next block: L + 64, ≤ S    | code  | mask.py:AdaptiveMask.cache_size,          |
-|             |                                          |       | mask.py:CACHE_MARGIN                      |
+| C_l         | next block's cache: L + 64, ≤ S (S for   | code  | mask.py:AdaptiveMask.cache_size,          |
+|             | fixed and dynamic spans)                 |       | mask.py:CACHE_MARGIN                      |
 | #FLOPS      | forward cost per token                   | Tab 1 | flops.py:macs_per_token,                  |
 |             |                                          |       | flops.py:flops_per_token                  |
 | avg span    | span the code reports: ceil(z'·S) + R    | code  | mask.py:reported_span,                    |

@@ -52,7 +52,7 @@ class Eviction(NamedTuple):
     evicted_valid: Tensor
 
 
-def empty_memory(
+def empty_compressive_memory(
     n_layers: int, batch_size: int, d_model: int, device=None, dtype: torch.dtype | None = None
 ) -> CompressiveMemory:
     """The memories of fresh rows: nothing held (P_m = P_cm = 0)."""
@@ -98,7 +98,7 @@ def append_compressed(
     return compressed, valid[:, drop:]
 
 
-def reset_memory_rows(memory: CompressiveMemory, reset: Tensor) -> CompressiveMemory:
+def reset_compressive_memory_rows(memory: CompressiveMemory, reset: Tensor) -> CompressiveMemory:
     """Clear both memories of the rows where reset (B,) is True: zero states, masked."""
     reset = reset.to(memory.valid.device)
     return CompressiveMemory(

@@ -152,7 +152,7 @@ class CompressiveTransformerLM(LMBase):
         return self.net.empty_memory(batch_size)
 
     def reset_memory_rows(self, memory: CompressiveMemory, reset: Tensor) -> CompressiveMemory:
-        return ct_memory.reset_memory_rows(memory, reset)
+        return ct_memory.reset_compressive_memory_rows(memory, reset)
 
     # ------------------------------------------------------------------ cost
     def flops_per_token(self, segment_length: int) -> float:

@@ -41,7 +41,7 @@ from longctx.methods.compressive_transformer.memory import (
     CompressiveMemory,
     Eviction,
     append_compressed,
-    empty_memory,
+    empty_compressive_memory,
     evict,
     evicted_count,
 )
@@ -114,7 +114,9 @@ class CompressiveTransformer(TransformerXL):
 
     def empty_memory(self, batch_size: int) -> CompressiveMemory:
         p = self.r_w_bias
-        return empty_memory(self.n_layers, batch_size, self.d_model, device=p.device, dtype=p.dtype)
+        return empty_compressive_memory(
+            self.n_layers, batch_size, self.d_model, device=p.device, dtype=p.dtype
+        )
 
     def forward(
         self,

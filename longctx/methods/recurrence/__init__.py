@@ -34,7 +34,8 @@ Notation (the paper's symbols and where they live; files of this folder; § = th
 | ln_1      | h_prev enters block ℓ_ins through  | open | network.py:pre_attention_norm,                     |
 |           | its LayerNorm (`slot_norm`)        |      | network.py:WindowRecurrence.slot_norm              |
 | BPTT      | backprop through the K windows of  | 3.2  | network.py:WindowRecurrence.forward                |
-|           | a batch, h_prev not detached       |      |                                                    |
+|           | a batch (h_prev detached between   |      |                                                    |
+|           | batches)                           |      |                                                    |
 | ckpt      | gradient checkpointing per window  | 3.2  | module.py:RecurrentGPT2LM.checkpoint_windows,      |
 |           | (`checkpoint_windows`); one window |      | bptt.py:reverse_window_bptt                        |
 |           | at a time backward                 |      |                                                    |

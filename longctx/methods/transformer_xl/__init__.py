@@ -38,7 +38,7 @@ Notation (the papers' symbols and where they live; files of this folder; § = XL
 |           | (q_i+v)ᵀW_{k,R}R_{i−j}         |       |                                                       |
 | shift     | (b) + (d) of every (i, j) from | X B   | relative_attention.py:rel_shift                       |
 |           | one product, shifted per row   |       |                                                       |
-| A^rel     | softmax(A^rel/√d) over the     | X 3.3 | relative_attention.py:RelMultiHeadAttention._softmax, |
+| A^rel     | softmax(A^rel/√Dh) over the    | X 3.3 | relative_attention.py:RelMultiHeadAttention._softmax, |
 |           | keys; `sdpa`: one fused kernel |       | relative_attention.py:RelMultiHeadAttention._fused    |
 | mask      | causal; `same_length`: every   | code  | relative_attention.py:window_blocked                  |
 |           | query sees as many keys        |       |                                                       |
@@ -87,7 +87,7 @@ Notation (the papers' symbols and where they live; files of this folder; § = XL
 |           | XL and TRAMS                   |       |                                                       |
 
 §: X = Transformer-XL's section (X B: its Appendix B), T = TRAMS's, "code" = the released code's
-choice, "ours" = longctx's addition (in neither paper nor code). n is the segment length
+choice, "ours" = longctx's (exact, or an option that defaults to the code). n is the segment length
 (`data.tgt_len`, `data.eval_tgt_len`; XL's L), P the memory slots held now (the code's `mlen`,
 memory.py:XLMemory.valid columns), H and Dh the heads and their size (`n_head`, `d_head`). Where more
 code sits: each head's W_Q⁽ʰ⁾ relative_attention.py:RelMultiHeadAttention.query_weight, the position
