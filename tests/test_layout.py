@@ -355,3 +355,43 @@ def test_the_notation_check_finds_a_missing_table_and_a_stale_reference(tmp_path
         "longctx/methods/m/__init__.py: memory.py:Net is not defined there",
         "longctx/methods/m/__init__.py: longctx/flops.py:mask is not defined there",
     ]
+
+
+# Module-level names that several methods define on purpose: the FLOPs convention of every method and
+# the protocol `longctx.checkpoints.convert` calls on a method's `convert.py`. Any other name defined
+# in two method folders is renamed (docs/architecture.md, "Adding a method").
+SHARED_PROTOCOL_NAMES = {
+    "flops_per_token",
+    "macs_per_token",
+    "MODEL_CLASS",
+    "ARCH_KEYS",
+    "architecture",
+    "configured",
+    "read_vocab",
+    "convert",
+}
+
+
+def colliding_names(methods_root: Path) -> dict[str, list[str]]:
+    """{name: files} for module-level names defined in two or more method folders, protocol aside."""
+    where: dict[str, set[str]] = {}
+    for path in sorted(methods_root.glob("*/*.py")):
+        for name in defined_names(ast.parse(path.read_text(), filename=str(path)).body):
+            where.setdefault(name, set()).add(str(path.relative_to(methods_root)))
+    return {
+        name: sorted(files)
+        for name, files in sorted(where.items())
+        if len({f.split("/")[0] for f in files}) > 1 and name not in SHARED_PROTOCOL_NAMES
+    }
+
+
+def test_no_two_methods_define_the_same_module_level_name():
+    assert colliding_names(REPO / "longctx" / "methods") == {}
+
+
+def test_the_collision_check_finds_a_name_two_methods_define(tmp_path):
+    for folder, source in (("a", "def empty_memory():\n    pass\n"), ("b", "empty_memory = None\nX = 1\n")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "memory.py").write_text(source + "def flops_per_token():\n    pass\n")
+    (tmp_path / "b" / "network.py").write_text("X = 2\n")  # one method's own repeat is not a collision
+    assert colliding_names(tmp_path) == {"empty_memory": ["a/memory.py", "b/memory.py"]}
