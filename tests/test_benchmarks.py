@@ -7,6 +7,7 @@ and that each prints the table it exists for.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import importlib.util
 import os
@@ -245,3 +246,29 @@ def test_gpu_report_refuses_a_missing_log_in_one_line(tmp_path, monkeypatch, cap
     assert load_gpu_report().main() == 2
     assert capsys.readouterr().err == f"error: no such log: {missing}\n"
     assert not results.exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "train"), [("xl", True), ("xl", False), ("trams", False), ("adaptive_span", True)]
+)
+def test_attention_benchmark_steps_stay_on_the_requested_device(method, train, monkeypatch):
+    """`attention.py --device cuda` checked without a GPU: on the meta device every tensor of its
+    steps (inputs, memories, caches) must be created there, none on the CPU."""
+    from tests.test_meta_device import META, NoHostTensors
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("attention_benchmark", BENCHMARKS / "attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sizes = dict(vocab=50, n_layers=2, d_model=16, n_heads=2, d_inner=32, batch=2, tgt_len=8)
+    args = argparse.Namespace(**sizes, mem_len=8, pool=16, attended=8, kept=4, attn_span=32, device=META)
+    model, step = (
+        bench.span_step(args, train)
+        if method == "adaptive_span"
+        else bench.xl_step(args, method == "trams", train)
+    )
+    with NoHostTensors():
+        for _ in range(3):  # the memory fills
+            step()
+    assert all(p.device == META for p in model.parameters())
+    assert not train or all(p.grad is None or p.grad.device == META for p in model.parameters())
