@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from longctx.core.base import LMBase, detach_memory
 from longctx.methods.transformer_xl.trams import TramsSettings
+from tests.conftest import cuda_missing
 from tests.lm_fixtures import cpu_trainer
 from tests.methods import TINY, VOCAB
 from tests.test_cli import quick_args
@@ -52,6 +53,13 @@ def _exact_float32() -> Iterator[None]:
     torch.set_float32_matmul_precision("highest")
     yield
     torch.set_float32_matmul_precision(saved)
+
+
+def test_the_gpu_tier_skips_with_one_reason_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda_missing() == "no CUDA device (torch.cuda.is_available() is False): the GPU tier needs one"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cuda_missing() is None
 
 
 # ------------------------------------------------------------------ the module-level runs
