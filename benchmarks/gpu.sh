@@ -16,7 +16,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" WANDB_MODE="${WANDB_MODE:-di
 device=$("$PYTHON" benchmarks/gpu_report.py device)
 status=$?
 if [ "$status" -eq 3 ]; then  # gpu_report.NO_CUDA_EXIT
-    echo "no CUDA device: nothing to run"
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        echo "no CUDA device: nothing to run (nvidia-smi lists a GPU, but this torch cannot use it: install torch's CUDA build)"
+    else
+        echo "no CUDA device: nothing to run"
+    fi
     exit 0
 elif [ "$status" -ne 0 ]; then
     echo "error: could not ask torch for a CUDA device ($PYTHON exited $status); activate the project's environment" >&2
@@ -47,12 +51,13 @@ part() {
     [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 }
 
-part 1-tests 240 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider -rs
+part 1-tests 300 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider -rs
 part 2-attention 60 "$PYTHON" benchmarks/attention.py --device cuda --batch 16 --tgt_len 128
-part 3-compile 120 "$PYTHON" benchmarks/compile.py --device cuda --batch 16 --warmup 10 --steps 20
-part 4-recurrence 75 "$PYTHON" benchmarks/recurrence.py --device cuda --n_layer 12 --n_embd 768 \
+part 3-compile 90 "$PYTHON" benchmarks/compile.py --device cuda --methods transformer_xl adaptive_span \
+    --batch 16 --warmup 10 --steps 20
+part 4-recurrence 60 "$PYTHON" benchmarks/recurrence.py --device cuda --n_layer 12 --n_embd 768 \
     --n_head 12 --window 300 --windows 1 5 --modes window --steps 3
-part 5-compressive 75 "$PYTHON" benchmarks/compressive.py --device cuda --n_layers 12 --d_model 512 \
+part 5-compressive 60 "$PYTHON" benchmarks/compressive.py --device cuda --n_layers 12 --d_model 512 \
     --n_heads 8 --segment 512 --mem_len 256 --cmem_len 256 --rate 4 --batch 16 --repeats 1
 
 "$PYTHON" benchmarks/gpu_report.py append --results benchmarks/RESULTS.md --device "$device" "$logs"/*.log \

@@ -194,6 +194,21 @@ def test_gpu_sh_without_cuda_says_one_line_and_exits_0():
     assert (done.returncode, done.stdout, done.stderr) == (0, "no CUDA device: nothing to run\n", "")
 
 
+@pytest.mark.slow  # ~2-5 s: torch's import
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu.sh would run everything")
+def test_gpu_sh_names_a_cpu_torch_on_a_gpu_machine(tmp_path):
+    """nvidia-smi lists a GPU that torch cannot use (its CPU build): the one line says what to install."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
+    fake.chmod(0o755)
+    done = gpu_sh(CUDA_VISIBLE_DEVICES="", PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == (
+        "no CUDA device: nothing to run (nvidia-smi lists a GPU, but this torch cannot use it: "
+        "install torch's CUDA build)\n"
+    )
+
+
 def test_gpu_sh_with_a_python_that_fails_says_so_and_fails():
     """An interpreter that cannot import torch must not pass for "no CUDA device"."""
     done = gpu_sh(PYTHON="false")
