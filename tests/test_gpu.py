@@ -172,17 +172,9 @@ def test_xl_options_fused_equal_eager_on_cuda(mem_len, same_length, clamp_len, c
     tokens = torch.randint(0, FUSED_VOCAB, (2, 15), generator=torch.Generator().manual_seed(1)).to(CUDA)
 
     def segments(m):
+        options = dict(mem_len=mem_len, same_length=same_length, clamp_len=clamp_len, cache_kv=cache_kv)
         with torch.set_grad_enabled(not cache_kv):
-            return xl_stream(
-                m,
-                tokens,
-                [4, 4, 4, 2],
-                m.empty_memory(2),
-                mem_len=mem_len,
-                same_length=same_length,
-                clamp_len=clamp_len,
-                cache_kv=cache_kv,
-            )
+            return xl_stream(m, tokens, [4, 4, 4, 2], m.empty_memory(2), **options)
 
     assert_equal_runs(*xl_eager_and_fused(model, segments))
 
