@@ -1,6 +1,7 @@
 """Eager vs fused (SDPA) attention, tokens per second, one shape per method (issue 24).
 
     OMP_NUM_THREADS=1 python benchmarks/attention.py --threads 1
+    python benchmarks/attention.py --device cuda        # on a GPU (each step synchronised)
 
 Per method, the network with `attention="eager"` (the authors' op-by-op computation) and
 `attention="sdpa"` (one fused kernel) on the same weights; the two take turns, step by step, so a
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from gpu_report import device_name  # this folder's
 
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
@@ -39,7 +41,8 @@ def xl_step(args: argparse.Namespace, trams: bool, train: bool) -> tuple[torch.n
     model = TransformerXL(
         args.vocab, args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0
     ).train(train)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.tgt_len + 1))
+    model.to(args.device)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.tgt_len + 1), device=args.device)
     x, y = tokens[:, :-1], tokens[:, 1:]
     settings = TramsSettings(args.attended, args.kept) if trams else None
     mem_len = args.pool if trams else args.mem_len
@@ -63,12 +66,13 @@ def span_step(args: argparse.Namespace, train: bool) -> tuple[torch.nn.Module, C
     model = SpanTransformer(
         args.vocab, args.d_model, args.n_layers, args.n_heads, args.d_inner, args.attn_span, dropout=0.0
     ).train(train)
+    model.to(args.device)
     with torch.no_grad():
         for layer in model.layers:
             layer.attn.adaptive_mask.z_ratio.copy_(torch.linspace(0.0, 0.5, args.n_heads))
-    tokens = torch.randint(0, args.vocab, (args.batch, args.tgt_len + 1))
+    tokens = torch.randint(0, args.vocab, (args.batch, args.tgt_len + 1), device=args.device)
     x, y = tokens[:, :-1], tokens[:, 1:]
-    cache = model.init_cache(args.batch)
+    cache = model.init_cache(args.batch, device=args.device)
 
     def step() -> None:
         with torch.set_grad_enabled(train):
@@ -86,8 +90,10 @@ def measure(model: torch.nn.Module, step: Callable[[], None], args: argparse.Nam
         for kernel in KERNELS:
             use_kernel(model, kernel)
             model.zero_grad(set_to_none=True)
+            synchronize(args.device)
             start = time.perf_counter()
             step()
+            synchronize(args.device)
             if round_ >= args.warmup:
                 times[kernel].append(time.perf_counter() - start)
     tokens = args.batch * args.tgt_len
@@ -95,6 +101,12 @@ def measure(model: torch.nn.Module, step: Callable[[], None], args: argparse.Nam
     result = {f"{k} tok/s": tokens / statistics.median(t) for k, t in times.items()}
     result["sdpa ÷ eager (speed)"] = statistics.median(ratios)
     return result
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued kernels, so that a step's time is its own (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -116,9 +128,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8, help="untimed rounds (fill the memory)")
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (median)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"), help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"threads {args.threads}, torch {torch.__version__}")
+    print(f"device {device_name(args.device)}, threads {args.threads}, torch {torch.__version__}")
     print("| method | mode | eager tok/s | sdpa tok/s | sdpa ÷ eager (median of per-round ratios) |")
     print("|---|---|---:|---:|---:|")
     for method in args.methods:

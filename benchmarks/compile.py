@@ -8,6 +8,7 @@ compiled there too.
 
     python benchmarks/compile.py                      # all four methods, ~4 min on 2 CPU cores
     python benchmarks/compile.py --methods transformer_xl --steps 40
+    python benchmarks/compile.py --device cuda         # on a GPU (each step synchronised)
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from attention import synchronize  # this folder's
+from gpu_report import device_name
 
 from longctx.callbacks import CompileNetwork
 from longctx.data.streams import SegmentStream
@@ -85,14 +89,18 @@ class Tokens(pl.LightningDataModule):
 
 
 class StepTimer(pl.Callback):
+    """Each training step's time (the GPU's queued kernels waited for at both ends) and graph count."""
+
     def __init__(self) -> None:
         self.times: list[float] = []
         self.graphs: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        synchronize(pl_module.device)
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        synchronize(pl_module.device)
         self.times.append(time.perf_counter() - self._start)
         self.graphs.append(int(counters["stats"]["unique_graphs"]))
 
@@ -107,7 +115,7 @@ def run(method: str, compiled: bool, args: argparse.Namespace) -> tuple[float, i
     data = Tokens(windowed, args.batch, 128 if windowed else args.block)
     timer = StepTimer()
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=args.device,
         devices=1,
         max_steps=args.warmup + args.steps,
         val_check_interval=args.warmup // 2,
@@ -133,9 +141,13 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}")
+    print(
+        f"device {device_name(args.device)}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"batch {args.batch}"
+    )
     print(
         f"{'method':>16} {'eager tok/s':>12} {'compiled tok/s':>15} {'ratio':>7} {'graphs after warm-up':>21}"
     )

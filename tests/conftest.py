@@ -7,8 +7,9 @@
 - W&B is off unless a test turns it on (no account, no network, no `wandb/` folders).
 - Token caches go to a temporary folder of each test (`$LONGCTX_CACHE`), never to the user's cache;
   the W&B folders a CLI run points into its run directory are unset again after each test.
-- Two tiers (pyproject's `addopts` deselects `slow`): `python -m pytest -q` is the fast tier,
-  `python -m pytest -q -m slow` the rest (compile, DDP, SLURM, resume), `-m ''` both.
+- Two tiers (pyproject's `addopts` deselects `slow` and `gpu`): `python -m pytest -q` is the fast tier,
+  `python -m pytest -q -m slow` the rest (compile, DDP, SLURM, resume), `-m ''` all. The GPU tier,
+  `python -m pytest -q -m gpu`, skips each test with one reason when CUDA is not available.
 """
 
 from __future__ import annotations
@@ -58,7 +59,21 @@ def _wandb_folders_restored() -> Iterator[None]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every multi-process DDP test is in the slow tier (before `-m` selects by marker)."""
+    """Every multi-process DDP test is in the slow tier (before `-m` selects by marker); every GPU test
+    skips, with one reason, where CUDA is not available."""
     for item in items:
         if item.get_closest_marker("ddp") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and (reason := cuda_missing()) is not None:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def cuda_missing() -> str | None:
+    """Why the GPU tier cannot run here (None: it can)."""
+    import torch  # only when GPU tests were collected
+
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False): the GPU tier needs one"
+    return None

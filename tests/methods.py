@@ -27,10 +27,12 @@ GPT2_SIZES = {"n_layer": 3, "n_embd": 16, "n_head": 2, "n_positions": 32}
 @dataclass(frozen=True)
 class TinyMethod:
     """build: the module at its smallest (keyword arguments override its knobs); data: the synthetic
-    data module class in the method's batch mode (its tokens are below VOCAB)."""
+    data module class in the method's batch mode (its tokens are below VOCAB); kernel_knob: the
+    knob choosing its attention kernel ("eager" or "sdpa"), None where it has only the fused one."""
 
     build: Callable[..., LMBase]
     data: type[SyntheticData]
+    kernel_knob: str | None = "attention"
 
 
 def tiny_adaptive_span(**knobs) -> AdaptiveSpanLM:
@@ -60,7 +62,7 @@ def tiny_recurrence(**knobs) -> RecurrentGPT2LM:
 TINY: dict[str, TinyMethod] = {
     "adaptive_span": TinyMethod(tiny_adaptive_span, SyntheticData),
     "compressive_transformer": TinyMethod(tiny_compressive_transformer, SyntheticData),
-    "recurrence": TinyMethod(tiny_recurrence, WindowData),
+    "recurrence": TinyMethod(tiny_recurrence, WindowData, "attn_implementation"),
     "transformer_xl": TinyMethod(tiny_transformer_xl, SyntheticData),
-    "window_transformer": TinyMethod(tiny_window_transformer, SyntheticData),
+    "window_transformer": TinyMethod(tiny_window_transformer, SyntheticData, None),  # SDPA only
 }

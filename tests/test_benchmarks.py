@@ -7,12 +7,16 @@ and that each prints the table it exists for.
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import shared_dir, skip_without_shared
 
@@ -139,7 +143,8 @@ TINY_RUNS = {
 
 
 def test_every_benchmark_script_is_covered():
-    assert sorted(p.name for p in BENCHMARKS.glob("*.py")) == sorted([*TINY_RUNS, "tokenization.py"])
+    covered = [*TINY_RUNS, "tokenization.py", "gpu_report.py"]  # the last two: tests below
+    assert sorted(p.name for p in BENCHMARKS.glob("*.py")) == sorted(covered)
 
 
 @pytest.mark.slow
@@ -167,3 +172,118 @@ def run_script(script: str, args: list[str], expected: str, tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert expected in done.stdout, done.stdout[-3000:]
+
+
+# ------------------------------------------------------------------ bash benchmarks/gpu.sh
+
+
+def gpu_sh(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu.sh")],
+        env={**os.environ, "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow  # ~2-5 s: torch's import
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu.sh would run everything")
+def test_gpu_sh_without_cuda_says_one_line_and_exits_0():
+    done = gpu_sh(CUDA_VISIBLE_DEVICES="")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "no CUDA device: nothing to run\n", "")
+
+
+@pytest.mark.slow  # ~2-5 s: torch's import
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: gpu.sh would run everything")
+def test_gpu_sh_names_a_cpu_torch_on_a_gpu_machine(tmp_path):
+    """nvidia-smi lists a GPU that torch cannot use (its CPU build): the one line says what to install."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
+    fake.chmod(0o755)
+    done = gpu_sh(CUDA_VISIBLE_DEVICES="", PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == (
+        "no CUDA device: nothing to run (nvidia-smi lists a GPU, but this torch cannot use it: "
+        "install torch's CUDA build)\n"
+    )
+
+
+def test_gpu_sh_with_a_python_that_fails_says_so_and_fails():
+    """An interpreter that cannot import torch must not pass for "no CUDA device"."""
+    done = gpu_sh(PYTHON="false")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (
+        "error: could not ask torch for a CUDA device (false exited 1); activate the project's environment\n"
+    )
+
+
+def load_gpu_report():
+    spec = importlib.util.spec_from_file_location("gpu_report", BENCHMARKS / "gpu_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_report_appends_one_section_per_run_with_device_and_date(tmp_path):
+    report = load_gpu_report()
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\nearlier numbers\n")
+    tests, bench = tmp_path / "1-tests.log", tmp_path / "2-attention.log"
+    tests.write_text(
+        "$ python -m pytest -q -m gpu\n" + "".join(f"line {i}\n" for i in range(200)) + "[exit 0]\n"
+    )
+    bench.write_text("$ python benchmarks/attention.py --device cuda\n| xl | train |\n[exit 0 after 9 s]\n")
+    before = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0)
+    report.append(results, "NVIDIA H100 80GB HBM3, 79 GiB", [tests, bench])
+    report.append(results, "NVIDIA H100 80GB HBM3, 79 GiB", [bench])
+    text = results.read_text()
+    assert text.startswith(
+        "# Benchmark results\n\nearlier numbers\n\n## GPU run: NVIDIA H100 80GB HBM3, 79 GiB, "
+    )
+    assert text.count("## GPU run: NVIDIA H100") == 2
+    date = text.split("79 GiB, ", 1)[1].split(" UTC", 1)[0]
+    stamp = dt.datetime.strptime(date, "%Y-%m-%d %H:%M").replace(tzinfo=dt.timezone.utc)
+    assert 0 <= (stamp - before).total_seconds() <= 120
+    assert (
+        "### `python -m pytest -q -m gpu`" in text
+        and "### `python benchmarks/attention.py --device cuda`" in text
+    )
+    assert "line 121\n" in text and "line 120\n" not in text  # the last 80 lines of a long log
+    assert text.count("| xl | train |\n[exit 0 after 9 s]\n```") == 2
+    assert sorted(tmp_path.iterdir()) == sorted([results, tests, bench])  # no temporary file left
+
+
+def test_gpu_report_refuses_a_missing_log_in_one_line(tmp_path, monkeypatch, capsys):
+    results, missing = tmp_path / "RESULTS.md", tmp_path / "nope.log"
+    argv = ["gpu_report.py", "append", "--results", str(results), "--device", "x", str(missing)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert load_gpu_report().main() == 2
+    assert capsys.readouterr().err == f"error: no such log: {missing}\n"
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "train"), [("xl", True), ("xl", False), ("trams", False), ("adaptive_span", True)]
+)
+def test_attention_benchmark_steps_stay_on_the_requested_device(method, train, monkeypatch):
+    """`attention.py --device cuda` checked without a GPU: on the meta device every tensor of its
+    steps (inputs, memories, caches) must be created there, none on the CPU."""
+    from tests.test_meta_device import META, NoHostTensors
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("attention_benchmark", BENCHMARKS / "attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sizes = dict(vocab=50, n_layers=2, d_model=16, n_heads=2, d_inner=32, batch=2, tgt_len=8)
+    args = argparse.Namespace(**sizes, mem_len=8, pool=16, attended=8, kept=4, attn_span=32, device=META)
+    model, step = (
+        bench.span_step(args, train)
+        if method == "adaptive_span"
+        else bench.xl_step(args, method == "trams", train)
+    )
+    with NoHostTensors():
+        for _ in range(3):  # the memory fills
+            step()
+    assert all(p.device == META for p in model.parameters())
+    assert not train or all(p.grad is None or p.grad.device == META for p in model.parameters())

@@ -240,7 +240,7 @@ def span_eager_and_fused(model: SpanTransformer, tokens: torch.Tensor, lengths: 
     for kernel in ("eager", "sdpa"):
         use_kernel(model, kernel)
         model.zero_grad()
-        cache, outputs, start, loss = model.init_cache(2), [], 0, 0.0
+        cache, outputs, start, loss = model.init_cache(2, device=tokens.device), [], 0, 0.0
         for s, n in enumerate(lengths):
             if s == 2:
                 cache = cache.reset_rows(torch.tensor([True, False]))
