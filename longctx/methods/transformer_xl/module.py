@@ -74,7 +74,9 @@ class TransformerXLLM(LMBase):
         protocol: "xl" or "trams" evaluation protocol (see the module docstring).
         trams_attended, trams_pool, trams_kept, trams_metric, trams_positions: TRAMS's m, M (default:
             the evaluation memory length), m − k, metric and positions; trams_attended None = off.
-        log_attention_mass: log `trams/mem_mass*` at evaluation (costs one reduction per layer).
+        log_attention_mass: log `trams/mem_mass*` at evaluation. Off by default: the fused kernel
+            returns no probabilities, so this runs the evaluation attention op by op (the TRAMS
+            configs turn it on for the paper's attention-mass analysis).
         attention: "sdpa" (the attention in one fused kernel, default) or "eager" (op by op, as the
             released code); equal to float rounding, see `relative_attention`.
         eval_cache_kv: at evaluation, carry the memory's keys and values instead of projecting the
@@ -115,7 +117,7 @@ class TransformerXLLM(LMBase):
         trams_kept: int | None = None,
         trams_metric: Metric = "code",
         trams_positions: Positions = "compact",
-        log_attention_mass: bool = True,
+        log_attention_mass: bool = False,
         eval_cache_kv: bool = True,
         attention: AttentionKernel = "sdpa",
         optimizer: OptimizerCallable = torch.optim.Adam,
