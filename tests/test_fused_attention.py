@@ -1,14 +1,18 @@
 """The fused attention path (`attention="sdpa"`, one `scaled_dot_product_attention` kernel) equals the
 eager, op-by-op path (the authors' computation) to 1e-5 in float32: outputs, per-token NLL and every
-gradient, for each method and option."""
+gradient, for each method and option; so does Transformer-XL's compiled `attention="flex"` at
+evaluation (slow tier: each shape compiles for seconds)."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
+from longctx.methods import attention_kernel
 from longctx.methods.adaptive_span.attention import band_attention
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.adaptive_span.network import SpanTransformer
@@ -58,10 +62,11 @@ def xl_stream(model: TransformerXL, tokens: torch.Tensor, lengths: list[int], me
     return outputs
 
 
-def xl_eager_and_fused(model: TransformerXL, run) -> tuple[list, list, dict, dict]:
-    """run(model) -> [(hidden, nll)] on each kernel; the NLL's sum is backpropagated when it can be."""
+def xl_eager_and_fused(model: TransformerXL, run, fused: str = "sdpa") -> tuple[list, list, dict, dict]:
+    """run(model) -> [(hidden, nll)] on "eager" and the `fused` kernel; the NLL's sum is
+    backpropagated when it can be."""
     results = []
-    for kernel in ("eager", "sdpa"):
+    for kernel in ("eager", fused):
         use_kernel(model, kernel)
         model.zero_grad()
         outputs = run(model)
@@ -208,9 +213,120 @@ def test_xl_fused_applies_attention_dropout_in_training_only():
 
 
 def test_bad_attention_kernel_is_one_line():
-    expected = r"^attention must be 'eager' or 'sdpa' \(fused, the default\), got 'flash'$"
+    expected = (
+        r"^attention must be 'eager', 'sdpa' \(fused, the default\) or 'flex' \(compiled, evaluation\), "
+        r"got 'flash'$"
+    )
     with pytest.raises(ValueError, match=expected):
         xl_network(attention="flash")
+
+
+# ------------------------------------------------------------------ Transformer-XL by flex_attention
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mem_len", "same_length", "clamp_len", "cache_kv"),
+    [
+        (0, False, 0, False),
+        (3, False, 0, False),
+        (6, True, 3, True),
+        (5, True, 0, False),
+        (6, False, 2, True),
+    ],
+)
+def test_xl_evaluation_flex_equals_eager(mem_len, same_length, clamp_len, cache_kv):
+    """Compiled flex_attention (the position term read per distance, masks in its score_mod) equals
+    eager through five segments: empty, partial then full memory, a reset row, a short last one."""
+    model = xl_network().eval()
+    tokens = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(3))
+
+    def run(m):
+        with torch.no_grad():
+            return xl_stream(
+                m,
+                tokens,
+                [4, 4, 4, 4, 2],
+                m.empty_memory(2),
+                mem_len=mem_len,
+                same_length=same_length,
+                clamp_len=clamp_len,
+                cache_kv=cache_kv,
+            )
+
+    assert_equal_runs(*xl_eager_and_fused(model, run, fused="flex"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("positions", "cache_kv"), [("compact", True), ("true", False)])
+def test_trams_flex_equals_eager(positions, cache_kv):
+    """TRAMS's per-head windows (m = 4 of M = 8, 2 kept, zero-filled first memory) by flex."""
+    model = xl_network().eval()
+    tokens = torch.randint(0, VOCAB, (2, 23), generator=torch.Generator().manual_seed(4))
+
+    def run(m):
+        with torch.no_grad():
+            return xl_stream(
+                m,
+                tokens,
+                [4, 4, 4, 4, 4, 2],
+                model.zero_memory(2, 8),
+                mem_len=8,
+                same_length=True,
+                cache_kv=cache_kv,
+                trams=TramsSettings(4, 2, "code", positions),
+            )
+
+    assert_equal_runs(*xl_eager_and_fused(model, run, fused="flex"))
+
+
+@pytest.mark.slow
+def test_xl_flex_compiles_once_per_shape():
+    """One graph per (queries, keys) shape while the memory fills; none once it is full."""
+    model = xl_network().eval()
+    use_kernel(model, "flex")
+    tokens = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(5))
+    memory, graphs = model.empty_memory(2), []
+    with torch.no_grad():
+        for s in range(8):
+            out = model(tokens[:, 4 * s : 4 * s + 4], memory, mem_len=6, same_length=True, cache_kv=True)
+            memory = out.memory
+            graphs.append(int(counters["stats"]["unique_graphs"]))
+    # Segments 0, 1, 2 meet 0, 4 and 6 memory slots (new shapes, unless an earlier test compiled
+    # them); from segment 2 on the memory is full and no graph is added.
+    assert graphs[0] > 0 and graphs[2:] == [graphs[2]] * 6, graphs
+
+
+def test_xl_flex_trains_with_sdpa_saying_so_once(monkeypatch, caplog):
+    """flex_attention has no backward on CPU: a step that records a gradient runs the fused SDPA
+    kernel (the same numbers as "sdpa", bit for bit), and the log says so once."""
+    import longctx.methods.transformer_xl.relative_attention as relative_attention
+
+    monkeypatch.setattr(relative_attention, "relative_flex_attention", lambda *a: pytest.fail("flex ran"))
+    attention_kernel._say_flex_trains_with_sdpa.cache_clear()
+    model = xl_network().train()
+    x = torch.randint(0, VOCAB, (2, 4))
+    runs = []
+    with caplog.at_level(logging.WARNING, logger=attention_kernel.__name__):
+        for kernel in ("sdpa", "flex", "flex"):
+            use_kernel(model, kernel)
+            model.zero_grad()
+            out = model(x, model(x, model.empty_memory(2), mem_len=4).memory, mem_len=4)
+            out.hidden.sum().backward()
+            runs.append((out.hidden, model.layers[0].attn.qkv_net.weight.grad.clone()))
+    assert [r.getMessage() for r in caplog.records] == [
+        "attention 'flex' computes evaluation only (flex_attention has no backward on CPU and no attention "
+        "dropout): training steps run 'sdpa', equal to float rounding"
+    ]
+    for hidden, grad in runs[1:]:
+        torch.testing.assert_close(hidden, runs[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(grad, runs[0][1], rtol=0, atol=0)
+
+
+def test_adaptive_span_refuses_flex_in_one_line():
+    expected = r"^attention 'flex' is not implemented for adaptive span: use 'sdpa' \(fused\) or 'eager'$"
+    with pytest.raises(ValueError, match=expected):
+        span_network("adaptive", attention="flex")
 
 
 # ------------------------------------------------------------------ adaptive span
@@ -356,6 +472,8 @@ def test_fused_band_attention_drops_normalised_probabilities():
 def test_the_modules_hand_the_knob_to_every_layer(attention):
     """`model.init_args.attention` of the configs reaches every attention layer."""
     xl = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention=attention)
+    flex = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention="flex")
+    assert [layer.attn.attention for layer in flex.net.layers] == ["flex"] * 2
     span = AdaptiveSpanLM(vocab_size=30, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16)
     assert span.net.layers[0].attn.attention == "sdpa"  # the default
     span = AdaptiveSpanLM(

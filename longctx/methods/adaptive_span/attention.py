@@ -179,6 +179,10 @@ class SpanAttention(nn.Module):
     ) -> None:
         super().__init__()
         check_attention_kernel(attention)
+        if attention == "flex":
+            raise ValueError(
+                "attention 'flex' is not implemented for adaptive span: use 'sdpa' (fused) or 'eager'"
+            )
         self.attention = attention
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
