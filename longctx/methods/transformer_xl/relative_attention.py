@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel, flex_or_sdpa
-from longctx.methods.transformer_xl.flex_relative import relative_flex_attention
+from longctx.methods.transformer_xl.flex_relative import distance_table, relative_flex_attention
 from longctx.methods.transformer_xl.slot_store import cat_slots
 from longctx.methods.transformer_xl.trams import (
     TramsSelection,
@@ -229,14 +229,20 @@ class RelMultiHeadAttention(nn.Module):
         """The attention of `_fused` by compiled `flex_attention` (evaluation): (B, H, n, Dh).
 
         The position term enters unshifted, as the table ((q + v) / √Dh)·r of each query and
-        distance (B, H, n, W) that the kernel reads per pair, or bd / √Dh when given (TRAMS's true
-        positions); the masks are formed in the kernel from key_valid and same_length."""
-        by_distance = bd is None
-        # By distance, the scale is folded into the (B, H, n, Dh) queries, as in `_fused`.
-        bd = ((q + vb[:, None, :]) * self.scale) @ r.transpose(-1, -2) if by_distance else bd * self.scale
-        limit = -1 if same_length is None else same_length
+        distance that the kernel reads per pair, the causal and same_length masks as its −inf
+        columns (`distance_table`), or bd / √Dh when given (TRAMS's true positions) with every mask
+        as −inf; missing keys are masked by the kernel."""
+        if bd is None:  # the scale folded into the (B, H, n, Dh) queries, as in `_fused`
+            table = distance_table(((q + vb[:, None, :]) * self.scale) @ r.transpose(-1, -2), same_length)
+            # A key missing (after a document reset): checked by the kernel (one more graph).
+            checked = None if key_valid.all() else key_valid
+        else:
+            table = (bd * self.scale).masked_fill(
+                window_blocked(key_valid, q.shape[2], same_length), float("-inf")
+            )
+            checked = None
         return relative_flex_attention(
-            q + u[:, None, :], k, v, bd.to(q.dtype), key_valid, self.scale, limit, by_distance
+            q + u[:, None, :], k, v, table.to(q.dtype), checked, self.scale, bd is None
         )
 
     @staticmethod
