@@ -16,6 +16,7 @@ from longctx.methods import attention_kernel
 from longctx.methods.adaptive_span.attention import band_attention
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.adaptive_span.network import SpanTransformer
+from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.memory import reset_memory_rows
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.transformer_xl.network import TransformerXL
@@ -295,6 +296,34 @@ def test_xl_flex_compiles_once_per_shape():
     # Segments 0, 1, 2 meet 0, 4 and 6 memory slots (new shapes, unless an earlier test compiled
     # them); from segment 2 on the memory is full and no graph is added.
     assert graphs[0] > 0 and graphs[2:] == [graphs[2]] * 6, graphs
+
+
+@pytest.mark.slow
+def test_compressive_transformer_evaluation_flex_equals_eager():
+    """The Compressive Transformer's layers ([compressed; memory; segment] keys, same_length) by flex."""
+    torch.manual_seed(0)
+    model = CompressiveTransformer(
+        VOCAB,
+        n_layers=2,
+        d_model=12,
+        n_heads=3,
+        d_inner=20,
+        dropout=0.0,
+        compression="conv",
+        compression_rate=2,
+    ).eval()
+    tokens = torch.randint(0, VOCAB, (2, 18), generator=torch.Generator().manual_seed(6))
+    hidden = {}
+    for kernel in ("eager", "flex"):
+        use_kernel(model, kernel)
+        memory, hidden[kernel] = model.empty_memory(2), []
+        with torch.no_grad():
+            for x in tokens.split(3, dim=1):
+                out = model(x, memory, mem_len=4, cmem_len=3, same_length=True)
+                memory = out.memory
+                hidden[kernel].append(out.hidden)
+    for flex, eager in zip(hidden["flex"], hidden["eager"], strict=True):
+        torch.testing.assert_close(flex, eager, **TOL)
 
 
 def test_xl_flex_trains_with_sdpa_saying_so_once(monkeypatch, caplog):
