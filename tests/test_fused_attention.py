@@ -352,10 +352,13 @@ def test_xl_flex_trains_with_sdpa_saying_so_once(monkeypatch, caplog):
         torch.testing.assert_close(grad, runs[0][1], rtol=0, atol=0)
 
 
-def test_adaptive_span_refuses_flex_in_one_line():
-    expected = r"^attention 'flex' is not implemented for adaptive span: use 'sdpa' \(fused\) or 'eager'$"
+def test_dynamic_span_refuses_flex_in_one_line():
+    expected = (
+        r"^attention 'flex' needs a fixed or adaptive span \(the dynamic span's attended length changes "
+        r"every block, a compilation each\): use 'sdpa' \(fused\) or 'eager'$"
+    )
     with pytest.raises(ValueError, match=expected):
-        span_network("adaptive", attention="flex")
+        span_network("dynamic", attention="flex")
 
 
 # ------------------------------------------------------------------ adaptive span
@@ -378,11 +381,14 @@ def span_network(span: str, dropout: float = 0.0, **kwargs) -> SpanTransformer:
     )
 
 
-def span_eager_and_fused(model: SpanTransformer, tokens: torch.Tensor, lengths: list[int]):
+def span_eager_and_fused(
+    model: SpanTransformer, tokens: torch.Tensor, lengths: list[int], fused: str = "sdpa"
+):
     """Blocks of the given lengths with the cache carried (row 0 reset before the third block); per
-    kernel the blocks' (logits, per-token NLL) and the gradients of their summed NLL and span penalty."""
+    kernel ("eager" and `fused`) the blocks' (logits, per-token NLL) and the gradients of their summed
+    NLL and span penalty (when gradients are recorded)."""
     results = []
-    for kernel in ("eager", "sdpa"):
+    for kernel in ("eager", fused):
         use_kernel(model, kernel)
         model.zero_grad()
         cache, outputs, start, loss = model.init_cache(2), [], 0, 0.0
@@ -395,7 +401,8 @@ def span_eager_and_fused(model: SpanTransformer, tokens: torch.Tensor, lengths: 
             outputs.append((out.logits, nll))
             loss = loss + nll.sum() + (out.penalty if out.penalty is not None else 0.0)
             cache, start = out.cache, start + n
-        loss.backward()
+        if loss.requires_grad:
+            loss.backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
         results.append((outputs, grads))
     (eager, eager_grads), (fused, fused_grads) = results
@@ -424,6 +431,25 @@ def test_adaptive_span_fused_equals_eager(span, z_ratio, span_trim):
     eager, fused, eager_grads, fused_grads = span_eager_and_fused(model, tokens, [20, 20, 20, 2])
     assert len(eager_grads) == len(list(model.parameters()))
     assert_equal_runs(eager, fused, eager_grads, fused_grads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("span", "z_ratio", "span_trim"),
+    [("fixed", None, "head"), ("adaptive", [0.3, 0.05], "head"), ("adaptive", [0.9, 0.05], "layer")],
+)
+def test_adaptive_span_evaluation_flex_equals_eager(span, z_ratio, span_trim):
+    """Compiled flex_attention (position logits and log-mask per query and distance in one table) equals
+    eager at evaluation: fixed span, heads trimmed to their own lengths, the code's per-layer trimming,
+    the cache carried, a reset row and a short last block."""
+    model = span_network(span, span_trim=span_trim).eval()
+    if z_ratio is not None:
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z_ratio))
+    tokens = torch.randint(0, VOCAB, (2, 63), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert_equal_runs(*span_eager_and_fused(model, tokens, [20, 20, 20, 2], fused="flex"))
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 7, 64])
