@@ -27,6 +27,12 @@ smaller by the factor 1 / (1 + 1e-8 / Σ m·p), a relative 1e-8 / Σ m·p (below
 probability falls inside the span; distance 1 always has m = 1). Attention dropout is applied by the
 kernel to the normalised probabilities, as the code's dropout after the renormalisation: the same
 distribution, another random stream. `"eager"` is the code's op-by-op computation.
+
+`attention="flex"` (fixed and adaptive spans, evaluation) runs all M queries of a head group in one
+compiled `flex_attention` over its L + M keys, the position logits and log-mask read per query and
+distance from one table (`flex_band`); the same epsilon as "sdpa". A step that records a gradient
+runs "sdpa" (said once in the log); the dynamic span, whose attended length changes every block,
+refuses it.
 """
 
 from __future__ import annotations
@@ -154,9 +160,9 @@ def _fused_band(
 class SpanAttention(nn.Module):
     """Multi-head attention over the previous S positions with a fixed, adaptive or dynamic span.
 
-    Bias-free Q/K/V/O projections (as in the code). attention: "sdpa" (fused, default) or "eager" (the
-    code's ops); see the module docstring. The caller passes the layer's cache of previous
-    hidden states and the shared key position embedding.
+    Bias-free Q/K/V/O projections (as in the code). attention: "sdpa" (fused, default), "eager" (the
+    code's ops) or "flex" (compiled, evaluation); see the module docstring. The caller passes the
+    layer's cache of previous hidden states and the shared key position embedding.
     """
 
     def __init__(
