@@ -25,22 +25,13 @@ from longctx.methods.transformer_xl.trams import TramsSettings
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 VOCAB = 40
+XL_SIZES = {"n_layers": 2, "d_model": 12, "n_heads": 3, "d_inner": 20, "dropout": 0.0}
 
 
 def xl_network(**kwargs) -> TransformerXL:
     """Weights N(0, 0.3) (not the code's 0.02): scores of order 1, so that every term shows."""
     torch.manual_seed(0)
-    return TransformerXL(
-        VOCAB,
-        n_layers=2,
-        d_model=12,
-        n_heads=3,
-        d_inner=20,
-        dropout=0.0,
-        init_std=0.3,
-        proj_init_std=0.3,
-        **kwargs,
-    )
+    return TransformerXL(VOCAB, **XL_SIZES, init_std=0.3, proj_init_std=0.3, **kwargs)
 
 
 def use_kernel(model: torch.nn.Module, attention: str) -> None:
@@ -129,23 +120,20 @@ def test_xl_pre_lnorm_and_untied_biases_fused_equals_eager(untie_r):
 @pytest.mark.parametrize("cache_kv", [False, True])
 @pytest.mark.parametrize("same_length", [False, True])
 def test_xl_evaluation_with_the_key_value_cache_fused_equals_eager(cache_kv, same_length):
-    model = xl_network().eval()
+    run = xl_evaluation(mem_len=6, same_length=same_length, clamp_len=3, cache_kv=cache_kv)
+    assert_equal_runs(*xl_eager_and_fused(xl_network().eval(), run))
+
+
+def xl_evaluation(**options):
+    """A run for `xl_eager_and_fused`: five segments at evaluation (memory empty, partial, full; a
+    reset row; a short last segment) with the given memory options."""
     tokens = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(3))
 
     def run(m):
         with torch.no_grad():
-            return xl_stream(
-                m,
-                tokens,
-                [4, 4, 4, 4, 2],
-                m.empty_memory(2),
-                mem_len=6,
-                same_length=same_length,
-                clamp_len=3,
-                cache_kv=cache_kv,
-            )
+            return xl_stream(m, tokens, [4, 4, 4, 4, 2], m.empty_memory(2), **options)
 
-    assert_equal_runs(*xl_eager_and_fused(model, run))
+    return run
 
 
 @pytest.mark.parametrize("positions", ["compact", "true"])
@@ -239,23 +227,8 @@ def test_bad_attention_kernel_is_one_line():
 def test_xl_evaluation_flex_equals_eager(mem_len, same_length, clamp_len, cache_kv):
     """Compiled flex_attention (the position term read per distance, masks in its score_mod) equals
     eager through five segments: empty, partial then full memory, a reset row, a short last one."""
-    model = xl_network().eval()
-    tokens = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(3))
-
-    def run(m):
-        with torch.no_grad():
-            return xl_stream(
-                m,
-                tokens,
-                [4, 4, 4, 4, 2],
-                m.empty_memory(2),
-                mem_len=mem_len,
-                same_length=same_length,
-                clamp_len=clamp_len,
-                cache_kv=cache_kv,
-            )
-
-    assert_equal_runs(*xl_eager_and_fused(model, run, fused="flex"))
+    run = xl_evaluation(mem_len=mem_len, same_length=same_length, clamp_len=clamp_len, cache_kv=cache_kv)
+    assert_equal_runs(*xl_eager_and_fused(xl_network().eval(), run, fused="flex"))
 
 
 @pytest.mark.slow
@@ -302,16 +275,7 @@ def test_xl_flex_compiles_once_per_shape():
 def test_compressive_transformer_evaluation_flex_equals_eager():
     """The Compressive Transformer's layers ([compressed; memory; segment] keys, same_length) by flex."""
     torch.manual_seed(0)
-    model = CompressiveTransformer(
-        VOCAB,
-        n_layers=2,
-        d_model=12,
-        n_heads=3,
-        d_inner=20,
-        dropout=0.0,
-        compression="conv",
-        compression_rate=2,
-    ).eval()
+    model = CompressiveTransformer(VOCAB, **XL_SIZES, compression="conv", compression_rate=2).eval()
     tokens = torch.randint(0, VOCAB, (2, 18), generator=torch.Generator().manual_seed(6))
     hidden = {}
     for kernel in ("eager", "flex"):
@@ -364,9 +328,12 @@ def test_dynamic_span_refuses_flex_in_one_line():
 # ------------------------------------------------------------------ adaptive span
 
 
-def span_network(span: str, dropout: float = 0.0, **kwargs) -> SpanTransformer:
+def span_network(
+    span: str, dropout: float = 0.0, z_ratio: list[float] | None = None, **kwargs
+) -> SpanTransformer:
+    """z_ratio: every layer's z' per head (None: the initial ones)."""
     torch.manual_seed(0)
-    return SpanTransformer(
+    model = SpanTransformer(
         vocab_size=VOCAB,
         d_model=16,
         n_layers=2,
@@ -379,6 +346,11 @@ def span_network(span: str, dropout: float = 0.0, **kwargs) -> SpanTransformer:
         chunk_size=8,
         **kwargs,
     )
+    if z_ratio is not None:
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z_ratio))
+    return model
 
 
 def span_eager_and_fused(
@@ -422,11 +394,7 @@ def span_eager_and_fused(
 def test_adaptive_span_fused_equals_eager(span, z_ratio, span_trim):
     """Logits, per-token NLL and every gradient (z' and the dynamic span's projection included)
     through blocks with the cache carried, a reset row and a short last block."""
-    model = span_network(span, span_trim=span_trim).train()
-    if z_ratio is not None:
-        with torch.no_grad():
-            for layer in model.layers:
-                layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z_ratio))
+    model = span_network(span, span_trim=span_trim, z_ratio=z_ratio).train()
     tokens = torch.randint(0, VOCAB, (2, 63), generator=torch.Generator().manual_seed(5))
     eager, fused, eager_grads, fused_grads = span_eager_and_fused(model, tokens, [20, 20, 20, 2])
     assert len(eager_grads) == len(list(model.parameters()))
@@ -442,11 +410,7 @@ def test_adaptive_span_evaluation_flex_equals_eager(span, z_ratio, span_trim):
     """Compiled flex_attention (position logits and log-mask per query and distance in one table) equals
     eager at evaluation: fixed span, heads trimmed to their own lengths, the code's per-layer trimming,
     the cache carried, a reset row and a short last block."""
-    model = span_network(span, span_trim=span_trim).eval()
-    if z_ratio is not None:
-        with torch.no_grad():
-            for layer in model.layers:
-                layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z_ratio))
+    model = span_network(span, span_trim=span_trim, z_ratio=z_ratio).eval()
     tokens = torch.randint(0, VOCAB, (2, 63), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         assert_equal_runs(*span_eager_and_fused(model, tokens, [20, 20, 20, 2], fused="flex"))
