@@ -5,13 +5,14 @@ additive float mask. Each method's fused path equals its eager one to float roun
 (tests/test_fused_attention.py), has a backward on every device, and applies attention dropout to the
 normalised probabilities inside the kernel (the authors' distribution, another random stream).
 
-"flex" (Transformer-XL, RPE, TRAMS, and the Compressive Transformer's layers) computes evaluation
-with `torch.nn.attention.flex_attention` compiled by inductor (a C++ compiler at run time), the
-position term and masks as its `score_mod`. Its CPU kernel has no backward (PyTorch raises
-NotImplementedError) and it has no attention dropout, so a step that records a gradient (training)
-runs "sdpa" instead, said once in the log (`flex_or_sdpa`): the numbers are the same to float
-rounding, only the kernel differs. Each shape of (queries, keys) is compiled once, so evaluation
-compiles while the memory fills and then runs the same kernels for every segment.
+"flex" (Transformer-XL, RPE, TRAMS, the Compressive Transformer's layers, adaptive span with a
+fixed or adaptive span) computes evaluation with `torch.nn.attention.flex_attention` compiled by
+inductor (a C++ compiler at run time), the position term and masks as its `score_mod`. Its CPU
+kernel has no backward (PyTorch raises NotImplementedError) and it has no attention dropout, so a
+step that records a gradient (training) runs "sdpa" instead, said once in the log (`flex_or_sdpa`):
+the numbers are the same to float rounding, only the kernel differs. Each shape of (queries, keys)
+is compiled once, so evaluation compiles while the memory fills and then runs the same kernels for
+every segment. Not the default: on this CPU it is not faster than "sdpa" (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
