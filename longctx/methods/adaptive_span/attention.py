@@ -269,13 +269,14 @@ class SpanAttention(nn.Module):
 
     def _band(self, q: Tensor, k: Tensor, v: Tensor, key_pe: Tensor, mask: Tensor | None) -> Tensor:
         """`band_attention` on the layer's kernel; "flex" (compiled flex_attention over all M queries
-        at once, `flex_band`) where the step records no gradient, else "sdpa" (logged once)."""
+        at once, `flex_band`) where the step records no gradient, else "sdpa" (logged once); inside
+        a network compiled by torch.compile (`CompileNetwork`) "sdpa", which compiles."""
         kernel = flex_or_sdpa(self.attention, torch.is_grad_enabled() and q.requires_grad)
-        if kernel == "flex":
+        if kernel == "flex" and not torch.compiler.is_compiling():
             scale = 1.0 / math.sqrt(q.shape[-1])
             table = band_table(q @ key_pe, mask, scale)
             return band_flex_attention(q, k, v, table.to(q.dtype), scale)
-        return band_attention(q, k, v, key_pe, mask, self.dropout, self.chunk_size, kernel == "sdpa")
+        return band_attention(q, k, v, key_pe, mask, self.dropout, self.chunk_size, kernel != "eager")
 
     def _grouped_heads(
         self, h: Tensor, h_all: Tensor, key_pe: Tensor, groups: list[tuple[int, list[int]]]
