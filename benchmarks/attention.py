@@ -1,6 +1,8 @@
-"""Eager vs fused (SDPA) attention, tokens per second, one shape per method (issue 24).
+"""Eager vs fused (SDPA, flex) attention, tokens per second, one shape per method (issue 24).
 
     OMP_NUM_THREADS=1 python benchmarks/attention.py --threads 1
+    OMP_NUM_THREADS=1 python benchmarks/attention.py --threads 1 --methods xl trams adaptive_span \
+        --modes eval --kernels eager sdpa flex
     python benchmarks/attention.py --device cuda        # on a GPU (each step synchronised)
 
 Per method, the network with `attention="eager"` (the authors' op-by-op computation) and
@@ -8,8 +10,9 @@ Per method, the network with `attention="eager"` (the authors' op-by-op computat
 change of the machine's load hits both alike, and each step's ratio is formed within its round.
 Training: forward and backward of the summed NLL over one segment with the memory carried (dropout
 off). Evaluation: `torch.no_grad`, the memory carried (XL and TRAMS with the key/value cache,
-TRAMS with the score cache). Prints tokens/s (median over the timed rounds) and the median of the
-per-round ratios sdpa ÷ eager.
+TRAMS with the score cache). Prints tokens/s (median over the timed rounds) and the medians of the
+per-round speed ratios of each kernel to eager (and flex to sdpa). "flex" (compiled flex_attention)
+computes evaluation only: the warm-up rounds compile its shapes, and training rows leave it out.
 """
 
 from __future__ import annotations
@@ -25,8 +28,6 @@ from gpu_report import device_name  # this folder's
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
-
-KERNELS = ("eager", "sdpa")
 
 
 def use_kernel(model: torch.nn.Module, attention: str) -> None:
@@ -83,11 +84,14 @@ def span_step(args: argparse.Namespace, train: bool) -> tuple[torch.nn.Module, C
     return model, step
 
 
-def measure(model: torch.nn.Module, step: Callable[[], None], args: argparse.Namespace) -> dict[str, float]:
-    """Warm-up rounds (the memory fills), then timed rounds, the kernels taking turns."""
-    times: dict[str, list[float]] = {k: [] for k in KERNELS}
+def measure(
+    model: torch.nn.Module, step: Callable[[], None], kernels: list[str], args: argparse.Namespace
+) -> dict[str, float]:
+    """Warm-up rounds (the memory fills, flex compiles), then timed rounds, the kernels taking turns.
+    Returns tokens/s per kernel and the median of the per-round speed ratios (`ratio_names`)."""
+    times: dict[str, list[float]] = {k: [] for k in kernels}
     for round_ in range(args.warmup + args.rounds):
-        for kernel in KERNELS:
+        for kernel in kernels:
             use_kernel(model, kernel)
             model.zero_grad(set_to_none=True)
             synchronize(args.device)
@@ -97,9 +101,10 @@ def measure(model: torch.nn.Module, step: Callable[[], None], args: argparse.Nam
             if round_ >= args.warmup:
                 times[kernel].append(time.perf_counter() - start)
     tokens = args.batch * args.tgt_len
-    ratios = [e / s for e, s in zip(times["eager"], times["sdpa"])]
     result = {f"{k} tok/s": tokens / statistics.median(t) for k, t in times.items()}
-    result["sdpa ÷ eager (speed)"] = statistics.median(ratios)
+    for fast, slow in ratio_names(kernels):
+        ratios = [s / f for s, f in zip(times[slow], times[fast])]
+        result[f"{fast} ÷ {slow}"] = statistics.median(ratios)
     return result
 
 
@@ -107,6 +112,12 @@ def synchronize(device: torch.device) -> None:
     """Wait for the GPU's queued kernels, so that a step's time is its own (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def ratio_names(kernels: list[str]) -> list[tuple[str, str]]:
+    """(faster?, reference) pairs reported: each kernel to eager, and flex to sdpa."""
+    pairs = [(k, "eager") for k in kernels if k != "eager" and "eager" in kernels]
+    return pairs + ([("flex", "sdpa")] if {"flex", "sdpa"} <= set(kernels) else [])
 
 
 def main() -> None:
@@ -128,27 +139,27 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8, help="untimed rounds (fill the memory)")
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (median)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--kernels", nargs="+", default=["eager", "sdpa"], choices=["eager", "sdpa", "flex"])
     parser.add_argument("--device", type=torch.device, default=torch.device("cpu"), help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"device {device_name(args.device)}, threads {args.threads}, torch {torch.__version__}")
-    print("| method | mode | eager tok/s | sdpa tok/s | sdpa ÷ eager (median of per-round ratios) |")
-    print("|---|---|---:|---:|---:|")
     for method in args.methods:
         for mode in args.modes:
             train = mode == "train"
             if method == "trams" and train:
                 continue  # TRAMS is an evaluation method
+            kernels = [k for k in args.kernels if k != "flex" or not train]
             model, step = (
                 span_step(args, train)
                 if method == "adaptive_span"
                 else xl_step(args, method == "trams", train)
             )
-            r = measure(model, step, args)
-            print(
-                f"| {method} | {mode} | {r['eager tok/s']:,.0f} | {r['sdpa tok/s']:,.0f} | "
-                f"{r['sdpa ÷ eager (speed)']:.2f} |"
-            )
+            r = measure(model, step, kernels, args)
+            pairs = [f"{fast} ÷ {slow}" for fast, slow in ratio_names(kernels)]
+            speeds = [f"{r[k + ' tok/s']:,.0f}" for k in kernels] + [f"{r[p]:.2f}" for p in pairs]
+            print(f"| method | mode | {' | '.join(k + ' tok/s' for k in kernels)} | {' | '.join(pairs)} |")
+            print(f"| {method} | {mode} | {' | '.join(speeds)} |")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,23 @@
 """The fused attention path (`attention="sdpa"`, one `scaled_dot_product_attention` kernel) equals the
 eager, op-by-op path (the authors' computation) to 1e-5 in float32: outputs, per-token NLL and every
-gradient, for each method and option."""
+gradient, for each method and option; so does the compiled `attention="flex"` at evaluation
+(Transformer-XL, TRAMS, the Compressive Transformer, adaptive span; slow tier: each shape compiles
+for seconds), which trains with "sdpa"."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
+from longctx.methods import attention_kernel
 from longctx.methods.adaptive_span.attention import band_attention
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.adaptive_span.network import SpanTransformer
+from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.memory import reset_memory_rows
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.transformer_xl.network import TransformerXL
@@ -20,22 +26,13 @@ from longctx.methods.transformer_xl.trams import TramsSettings
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 VOCAB = 40
+XL_SIZES = {"n_layers": 2, "d_model": 12, "n_heads": 3, "d_inner": 20, "dropout": 0.0}
 
 
 def xl_network(**kwargs) -> TransformerXL:
     """Weights N(0, 0.3) (not the code's 0.02): scores of order 1, so that every term shows."""
     torch.manual_seed(0)
-    return TransformerXL(
-        VOCAB,
-        n_layers=2,
-        d_model=12,
-        n_heads=3,
-        d_inner=20,
-        dropout=0.0,
-        init_std=0.3,
-        proj_init_std=0.3,
-        **kwargs,
-    )
+    return TransformerXL(VOCAB, **XL_SIZES, init_std=0.3, proj_init_std=0.3, **kwargs)
 
 
 def use_kernel(model: torch.nn.Module, attention: str) -> None:
@@ -58,10 +55,11 @@ def xl_stream(model: TransformerXL, tokens: torch.Tensor, lengths: list[int], me
     return outputs
 
 
-def xl_eager_and_fused(model: TransformerXL, run) -> tuple[list, list, dict, dict]:
-    """run(model) -> [(hidden, nll)] on each kernel; the NLL's sum is backpropagated when it can be."""
+def xl_eager_and_fused(model: TransformerXL, run, fused: str = "sdpa") -> tuple[list, list, dict, dict]:
+    """run(model) -> [(hidden, nll)] on "eager" and the `fused` kernel; the NLL's sum is
+    backpropagated when it can be."""
     results = []
-    for kernel in ("eager", "sdpa"):
+    for kernel in ("eager", fused):
         use_kernel(model, kernel)
         model.zero_grad()
         outputs = run(model)
@@ -123,23 +121,20 @@ def test_xl_pre_lnorm_and_untied_biases_fused_equals_eager(untie_r):
 @pytest.mark.parametrize("cache_kv", [False, True])
 @pytest.mark.parametrize("same_length", [False, True])
 def test_xl_evaluation_with_the_key_value_cache_fused_equals_eager(cache_kv, same_length):
-    model = xl_network().eval()
+    run = xl_evaluation(mem_len=6, same_length=same_length, clamp_len=3, cache_kv=cache_kv)
+    assert_equal_runs(*xl_eager_and_fused(xl_network().eval(), run))
+
+
+def xl_evaluation(**options):
+    """A run for `xl_eager_and_fused`: five segments at evaluation (memory empty, partial, full; a
+    reset row; a short last segment) with the given memory options."""
     tokens = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(3))
 
     def run(m):
         with torch.no_grad():
-            return xl_stream(
-                m,
-                tokens,
-                [4, 4, 4, 4, 2],
-                m.empty_memory(2),
-                mem_len=6,
-                same_length=same_length,
-                clamp_len=3,
-                cache_kv=cache_kv,
-            )
+            return xl_stream(m, tokens, [4, 4, 4, 4, 2], m.empty_memory(2), **options)
 
-    assert_equal_runs(*xl_eager_and_fused(model, run))
+    return run
 
 
 @pytest.mark.parametrize("positions", ["compact", "true"])
@@ -208,17 +203,140 @@ def test_xl_fused_applies_attention_dropout_in_training_only():
 
 
 def test_bad_attention_kernel_is_one_line():
-    expected = r"^attention must be 'eager' or 'sdpa' \(fused, the default\), got 'flash'$"
+    expected = (
+        r"^attention must be 'eager', 'sdpa' \(fused, the default\) or 'flex' \(compiled, evaluation\), "
+        r"got 'flash'$"
+    )
     with pytest.raises(ValueError, match=expected):
         xl_network(attention="flash")
+
+
+# ------------------------------------------------------------------ Transformer-XL by flex_attention
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mem_len", "same_length", "clamp_len", "cache_kv"),
+    [
+        (0, False, 0, False),
+        (3, False, 0, False),
+        (6, True, 3, True),
+        (5, True, 0, False),
+        (6, False, 2, True),
+    ],
+)
+def test_xl_evaluation_flex_equals_eager(mem_len, same_length, clamp_len, cache_kv):
+    """Compiled flex_attention (the position term read per distance, masks in its score_mod) equals
+    eager through five segments: empty, partial then full memory, a reset row, a short last one."""
+    run = xl_evaluation(mem_len=mem_len, same_length=same_length, clamp_len=clamp_len, cache_kv=cache_kv)
+    assert_equal_runs(*xl_eager_and_fused(xl_network().eval(), run, fused="flex"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("positions", "cache_kv"), [("compact", True), ("true", False)])
+def test_trams_flex_equals_eager(positions, cache_kv):
+    """TRAMS's per-head windows (m = 4 of M = 8, 2 kept, zero-filled first memory) by flex."""
+    model = xl_network().eval()
+    tokens = torch.randint(0, VOCAB, (2, 23), generator=torch.Generator().manual_seed(4))
+
+    def run(m):
+        with torch.no_grad():
+            return xl_stream(
+                m,
+                tokens,
+                [4, 4, 4, 4, 4, 2],
+                model.zero_memory(2, 8),
+                mem_len=8,
+                same_length=True,
+                cache_kv=cache_kv,
+                trams=TramsSettings(4, 2, "code", positions),
+            )
+
+    assert_equal_runs(*xl_eager_and_fused(model, run, fused="flex"))
+
+
+@pytest.mark.slow
+def test_xl_flex_compiles_once_per_shape():
+    """One graph per (queries, keys) shape while the memory fills, shared by the layers; none once it
+    is full (as `CompileNetwork` is checked in tests/test_compile.py)."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = xl_network().eval()
+    use_kernel(model, "flex")
+    tokens = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(5))
+    memory, graphs = model.empty_memory(2), []
+    with torch.no_grad():
+        for s in range(8):
+            out = model(tokens[:, 4 * s : 4 * s + 4], memory, mem_len=6, same_length=True, cache_kv=True)
+            memory = out.memory
+            graphs.append(int(counters["stats"]["unique_graphs"]))
+    # Segments 0, 1, 2 meet 0, 4 and 6 memory slots (4, 8, 10 keys); from segment 2 on it is full.
+    assert graphs == [1, 2, 3, 3, 3, 3, 3, 3], graphs
+
+
+@pytest.mark.slow
+def test_compressive_transformer_evaluation_flex_equals_eager():
+    """The Compressive Transformer's layers ([compressed; memory; segment] keys, same_length) by flex."""
+    torch.manual_seed(0)
+    model = CompressiveTransformer(VOCAB, **XL_SIZES, compression="conv", compression_rate=2).eval()
+    tokens = torch.randint(0, VOCAB, (2, 18), generator=torch.Generator().manual_seed(6))
+    hidden = {}
+    for kernel in ("eager", "flex"):
+        use_kernel(model, kernel)
+        memory, hidden[kernel] = model.empty_memory(2), []
+        with torch.no_grad():
+            for x in tokens.split(3, dim=1):
+                out = model(x, memory, mem_len=4, cmem_len=3, same_length=True)
+                memory = out.memory
+                hidden[kernel].append(out.hidden)
+    for flex, eager in zip(hidden["flex"], hidden["eager"], strict=True):
+        torch.testing.assert_close(flex, eager, **TOL)
+
+
+def test_xl_flex_trains_with_sdpa_saying_so_once(monkeypatch, caplog):
+    """flex_attention has no backward on CPU: a step that records a gradient runs the fused SDPA
+    kernel (the same numbers as "sdpa", bit for bit), and the log says so once."""
+    import longctx.methods.transformer_xl.relative_attention as relative_attention
+
+    monkeypatch.setattr(relative_attention, "relative_flex_attention", lambda *a: pytest.fail("flex ran"))
+    attention_kernel._say_flex_trains_with_sdpa.cache_clear()
+    model = xl_network().train()
+    x = torch.randint(0, VOCAB, (2, 4))
+    runs = []
+    with caplog.at_level(logging.WARNING, logger=attention_kernel.__name__):
+        for kernel in ("sdpa", "flex", "flex"):
+            use_kernel(model, kernel)
+            model.zero_grad()
+            out = model(x, model(x, model.empty_memory(2), mem_len=4).memory, mem_len=4)
+            out.hidden.sum().backward()
+            runs.append((out.hidden, model.layers[0].attn.qkv_net.weight.grad.clone()))
+    assert [r.getMessage() for r in caplog.records] == [
+        "attention 'flex' computes evaluation only (flex_attention has no backward on CPU and no attention "
+        "dropout): training steps run 'sdpa', equal to float rounding"
+    ]
+    for hidden, grad in runs[1:]:
+        torch.testing.assert_close(hidden, runs[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(grad, runs[0][1], rtol=0, atol=0)
+
+
+def test_dynamic_span_refuses_flex_in_one_line():
+    expected = (
+        r"^attention 'flex' needs a fixed or adaptive span \(the dynamic span's attended length changes "
+        r"every block, a compilation each\): use 'sdpa' \(fused\) or 'eager'$"
+    )
+    with pytest.raises(ValueError, match=expected):
+        span_network("dynamic", attention="flex")
 
 
 # ------------------------------------------------------------------ adaptive span
 
 
-def span_network(span: str, dropout: float = 0.0, **kwargs) -> SpanTransformer:
+def span_network(
+    span: str, dropout: float = 0.0, z_ratio: list[float] | None = None, **kwargs
+) -> SpanTransformer:
+    """z_ratio: every layer's z' per head (None: the initial ones)."""
     torch.manual_seed(0)
-    return SpanTransformer(
+    model = SpanTransformer(
         vocab_size=VOCAB,
         d_model=16,
         n_layers=2,
@@ -231,13 +349,21 @@ def span_network(span: str, dropout: float = 0.0, **kwargs) -> SpanTransformer:
         chunk_size=8,
         **kwargs,
     )
+    if z_ratio is not None:
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z_ratio))
+    return model
 
 
-def span_eager_and_fused(model: SpanTransformer, tokens: torch.Tensor, lengths: list[int]):
+def span_eager_and_fused(
+    model: SpanTransformer, tokens: torch.Tensor, lengths: list[int], fused: str = "sdpa"
+):
     """Blocks of the given lengths with the cache carried (row 0 reset before the third block); per
-    kernel the blocks' (logits, per-token NLL) and the gradients of their summed NLL and span penalty."""
+    kernel ("eager" and `fused`) the blocks' (logits, per-token NLL) and the gradients of their summed
+    NLL and span penalty (when gradients are recorded)."""
     results = []
-    for kernel in ("eager", "sdpa"):
+    for kernel in ("eager", fused):
         use_kernel(model, kernel)
         model.zero_grad()
         cache, outputs, start, loss = model.init_cache(2, device=tokens.device), [], 0, 0.0
@@ -250,7 +376,8 @@ def span_eager_and_fused(model: SpanTransformer, tokens: torch.Tensor, lengths: 
             outputs.append((out.logits, nll))
             loss = loss + nll.sum() + (out.penalty if out.penalty is not None else 0.0)
             cache, start = out.cache, start + n
-        loss.backward()
+        if loss.requires_grad:
+            loss.backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
         results.append((outputs, grads))
     (eager, eager_grads), (fused, fused_grads) = results
@@ -270,15 +397,26 @@ def span_eager_and_fused(model: SpanTransformer, tokens: torch.Tensor, lengths: 
 def test_adaptive_span_fused_equals_eager(span, z_ratio, span_trim):
     """Logits, per-token NLL and every gradient (z' and the dynamic span's projection included)
     through blocks with the cache carried, a reset row and a short last block."""
-    model = span_network(span, span_trim=span_trim).train()
-    if z_ratio is not None:
-        with torch.no_grad():
-            for layer in model.layers:
-                layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z_ratio))
+    model = span_network(span, span_trim=span_trim, z_ratio=z_ratio).train()
     tokens = torch.randint(0, VOCAB, (2, 63), generator=torch.Generator().manual_seed(5))
     eager, fused, eager_grads, fused_grads = span_eager_and_fused(model, tokens, [20, 20, 20, 2])
     assert len(eager_grads) == len(list(model.parameters()))
     assert_equal_runs(eager, fused, eager_grads, fused_grads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("span", "z_ratio", "span_trim"),
+    [("fixed", None, "head"), ("adaptive", [0.3, 0.05], "head"), ("adaptive", [0.9, 0.05], "layer")],
+)
+def test_adaptive_span_evaluation_flex_equals_eager(span, z_ratio, span_trim):
+    """Compiled flex_attention (position logits and log-mask per query and distance in one table) equals
+    eager at evaluation: fixed span, heads trimmed to their own lengths, the code's per-layer trimming,
+    the cache carried, a reset row and a short last block."""
+    model = span_network(span, span_trim=span_trim, z_ratio=z_ratio).eval()
+    tokens = torch.randint(0, VOCAB, (2, 63), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert_equal_runs(*span_eager_and_fused(model, tokens, [20, 20, 20, 2], fused="flex"))
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 7, 64])
@@ -356,6 +494,8 @@ def test_fused_band_attention_drops_normalised_probabilities():
 def test_the_modules_hand_the_knob_to_every_layer(attention):
     """`model.init_args.attention` of the configs reaches every attention layer."""
     xl = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention=attention)
+    flex = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention="flex")
+    assert [layer.attn.attention for layer in flex.net.layers] == ["flex"] * 2
     span = AdaptiveSpanLM(vocab_size=30, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16)
     assert span.net.layers[0].attn.attention == "sdpa"  # the default
     span = AdaptiveSpanLM(

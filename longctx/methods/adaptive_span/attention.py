@@ -27,6 +27,12 @@ smaller by the factor 1 / (1 + 1e-8 / Σ m·p), a relative 1e-8 / Σ m·p (below
 probability falls inside the span; distance 1 always has m = 1). Attention dropout is applied by the
 kernel to the normalised probabilities, as the code's dropout after the renormalisation: the same
 distribution, another random stream. `"eager"` is the code's op-by-op computation.
+
+`attention="flex"` (fixed and adaptive spans, evaluation) runs all M queries of a head group in one
+compiled `flex_attention` over its L + M keys, the position logits and log-mask read per query and
+distance from one table (`flex_band`); the same epsilon as "sdpa". A step that records a gradient
+runs "sdpa" (said once in the log); the dynamic span, whose attended length changes every block,
+refuses it.
 """
 
 from __future__ import annotations
@@ -38,10 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.methods.adaptive_span.flex_band import band_flex_attention, band_table, log_mask
 from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, renormalise
-from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
+from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel, flex_or_sdpa
 
-LOG_MASK_FLOOR = 1e-30  # added to the span mask before its log (`_fused_band`)
 SpanKind = Literal["fixed", "adaptive", "dynamic"]
 SpanTrim = Literal["layer", "head"]
 
@@ -112,7 +118,7 @@ def band_attention(
             mask = F.pad(mask, (0, 0, 0, pad)).reshape(mask.shape[0], H, n, c, L)
         else:
             mask = mask[:, :, None]  # (B|1, H, 1, 1, L)
-    if fused:
+    if fused:  # the log-mask of `flex_band.log_mask`
         out = _fused_band(q, k, v, position, mask, dropout)
         return out.view(B, H, n * c, Dh)[:, :, :M]
     content = unskew(q @ k.transpose(-1, -2))  # (B, H, n, c, L)
@@ -142,11 +148,7 @@ def _fused_band(
     scale = 1.0 / math.sqrt(q.shape[-1])
     bias = position * scale
     if mask is not None:
-        # log(m + 1e-30), not log m: a key with m = 0 keeps a probability 1e-30 times its unmasked one
-        # (eager: 0), and the gradient of m there stays eager's p·(…) (the ramp's clamp passes it at
-        # exactly 0) instead of 0·∞ = NaN; for m > 0 it is log m in float32.
-        exact = mask.to(torch.promote_types(mask.dtype, torch.float32))  # 1e-30 is 0 in half precision
-        bias = bias + (exact + LOG_MASK_FLOOR).log().to(bias.dtype)
+        bias = bias + log_mask(mask, bias.dtype)
     dropout_p = dropout.p if dropout.training else 0.0
     # Chunks folded into the head dim: with 5-d inputs the kernel falls back to its unfused math path.
     B, H, n, c, Dh = q.shape
@@ -158,9 +160,9 @@ def _fused_band(
 class SpanAttention(nn.Module):
     """Multi-head attention over the previous S positions with a fixed, adaptive or dynamic span.
 
-    Bias-free Q/K/V/O projections (as in the code). attention: "sdpa" (fused, default) or "eager" (the
-    code's ops); see the module docstring. The caller passes the layer's cache of previous
-    hidden states and the shared key position embedding.
+    Bias-free Q/K/V/O projections (as in the code). attention: "sdpa" (fused, default), "eager" (the
+    code's ops) or "flex" (compiled, evaluation); see the module docstring. The caller passes the
+    layer's cache of previous hidden states and the shared key position embedding.
     """
 
     def __init__(
@@ -179,6 +181,11 @@ class SpanAttention(nn.Module):
     ) -> None:
         super().__init__()
         check_attention_kernel(attention)
+        if attention == "flex" and span == "dynamic":
+            raise ValueError(
+                "attention 'flex' needs a fixed or adaptive span (the dynamic span's attended length "
+                "changes every block, a compilation each): use 'sdpa' (fused) or 'eager'"
+            )
         self.attention = attention
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
@@ -256,11 +263,20 @@ class SpanAttention(nn.Module):
             mask = self.dynamic_span.mask(z_t, L)  # (B, H, M, L)
         else:
             mask = None
-        out = band_attention(
-            q, k, v, key_pe[:, self.S - L :], mask, self.dropout, self.chunk_size, self.attention == "sdpa"
-        )
+        out = self._band(q, k, v, key_pe[:, self.S - L :], mask)
         out = out.transpose(1, 2).reshape(B, M, d)
         return self.proj_out(out), z_t, L
+
+    def _band(self, q: Tensor, k: Tensor, v: Tensor, key_pe: Tensor, mask: Tensor | None) -> Tensor:
+        """`band_attention` on the layer's kernel; "flex" (compiled flex_attention over all M queries
+        at once, `flex_band`) where the step records no gradient, else "sdpa" (logged once); inside
+        a network compiled by torch.compile (`CompileNetwork`) "sdpa", which compiles."""
+        kernel = flex_or_sdpa(self.attention, torch.is_grad_enabled() and q.requires_grad)
+        if kernel == "flex" and not torch.compiler.is_compiling():
+            scale = 1.0 / math.sqrt(q.shape[-1])
+            table = band_table(q @ key_pe, mask, scale)
+            return band_flex_attention(q, k, v, table.to(q.dtype), scale)
+        return band_attention(q, k, v, key_pe, mask, self.dropout, self.chunk_size, kernel != "eager")
 
     def _grouped_heads(
         self, h: Tensor, h_all: Tensor, key_pe: Tensor, groups: list[tuple[int, list[int]]]
@@ -284,8 +300,7 @@ class SpanAttention(nn.Module):
             q = q_all.index_select(2, idx).transpose(1, 2)  # (B, Hg, M, Dh)
             mask = self.adaptive_mask.mask(L_h).index_select(0, idx)[None, :, None, :]  # (1, Hg, 1, L_h)
             pe = key_pe[:, self.S - L_h :]  # (Dh, L_h)
-            fused = self.attention == "sdpa"
-            out = band_attention(q, k, v, pe, mask, self.dropout, self.chunk_size, fused)  # (B, Hg, M, Dh)
+            out = self._band(q, k, v, pe, mask)  # (B, Hg, M, Dh)
             outs.append(out)
             order += heads
         inverse = torch.argsort(torch.tensor(order, device=device))  # grouped order -> head order

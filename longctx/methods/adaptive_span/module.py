@@ -51,8 +51,9 @@ class AdaptiveSpanLM(LMBase):
             cap, the paper's model). Each layer's attended length is trimmed to it, i.e. the span mask
             is multiplied by 1[x <= cap] and renormalised: what the model scores with at most `cap`
             previous tokens (`python -m longctx context` sweeps it). Training ignores it.
-        attention: "sdpa" (the attention in one fused kernel per chunk, default) or "eager" (the
-            released code's ops); equal up to the code's renormalisation epsilon (see `attention`).
+        attention: "sdpa" (the attention in one fused kernel per chunk, default), "eager" (the
+            released code's ops) or "flex" (compiled flex_attention at evaluation, sdpa in training;
+            not with the dynamic span); equal up to the code's renormalisation epsilon (see `attention`).
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its

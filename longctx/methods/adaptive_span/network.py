@@ -79,8 +79,8 @@ class SpanTransformer(nn.Module):
         chunk_size: query chunk of the exact band attention (see `span_attention`).
         span_trim: "head" (each head attends its own trimmed span; exact) or "layer" (the released
             code: every head of a layer attends the layer's largest span; the reference).
-        attention: "sdpa" (one fused kernel per chunk, default) or "eager" (the code's ops); equal up to
-            the code's renormalisation epsilon (see `attention`).
+        attention: "sdpa" (one fused kernel per chunk, default), "eager" (the code's ops) or "flex"
+            (compiled, evaluation); equal up to the code's renormalisation epsilon (see `attention`).
     """
 
     def __init__(

@@ -67,7 +67,7 @@ class CompressiveTransformerLM(LMBase):
         eval_mem_len, eval_cmem_len, eval_clamp_len, eval_same_length: the same at validation/test
             (None = training's).
         log_compressed_attention: log the attention on the compressed memory at evaluation.
-        attention: Transformer-XL's attention kernel ("sdpa" fused, default, or "eager"); the layers
+        attention: Transformer-XL's attention kernel ("sdpa" fused, default, "eager" or "flex"); the layers
             fall back to the eager ops where the attention weights are needed (most-used compression,
             the compressed-memory attention logged at evaluation).
         vocab_size, optimizer, lr_scheduler: see `LMBase`.

@@ -74,11 +74,12 @@ class TransformerXLLM(LMBase):
         protocol: "xl" or "trams" evaluation protocol (see the module docstring).
         trams_attended, trams_pool, trams_kept, trams_metric, trams_positions: TRAMS's m, M (default:
             the evaluation memory length), m − k, metric and positions; trams_attended None = off.
-        log_attention_mass: log `trams/mem_mass*` at evaluation. Off by default: the fused kernel
-            returns no probabilities, so this runs the evaluation attention op by op (the TRAMS
+        log_attention_mass: log `trams/mem_mass*` at evaluation. Off by default: the fused kernels
+            return no probabilities, so this runs the evaluation attention op by op (the TRAMS
             configs turn it on for the paper's attention-mass analysis).
-        attention: "sdpa" (the attention in one fused kernel, default) or "eager" (op by op, as the
-            released code); equal to float rounding, see `relative_attention`.
+        attention: "sdpa" (the attention in one fused kernel, default), "eager" (op by op, as the
+            released code) or "flex" (compiled flex_attention at evaluation, sdpa in training, said
+            once in the log); equal to float rounding, see `relative_attention`.
         eval_cache_kv: at evaluation, carry the memory's keys and values instead of projecting the
             memory again every segment (exact; the released codes re-project).
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam 2.5e-4, cosine, no warm-up).

@@ -117,8 +117,9 @@ class TransformerXL(nn.Module):
         init_std, proj_init_std: initialisation (code: 0.02, 0.01).
         untie_r: one pair u, v per layer (Hugging Face's `untie_r`, as transfo-xl-wt103 and the TF
             code's `untie_r`) instead of kimiyoung's PyTorch pair shared by all layers.
-        attention: "sdpa" (one fused kernel, default) or "eager" (op by op, as the code); equal to
-            float rounding (`relative_attention`).
+        attention: "sdpa" (one fused kernel, default), "eager" (op by op, as the code) or "flex"
+            (compiled flex_attention at evaluation, sdpa in training); equal to float rounding
+            (`relative_attention`).
     """
 
     def __init__(

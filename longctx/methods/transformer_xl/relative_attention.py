@@ -20,6 +20,10 @@ the softmax: the same distribution, a different random stream. Calls that need t
 (`need_mass`, `need_weights`), windows where a query has no key (same_length 0: eager's NaN is
 kept rather than the kernel's zeros) and code compiled by torch.compile run the eager path.
 
+`attention="flex"` computes evaluation with compiled `flex_attention` (`flex_relative`): the position
+term read per distance from the unshifted (q + v)·r table, the masks formed in its `score_mod`; the
+same fallbacks as "sdpa", and a step that records a gradient runs "sdpa" (`attention_kernel`).
+
 A layer can also attend to a TRAMS-selected window of its memory (`longctx.methods.transformer_xl.trams`).
 """
 
@@ -33,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
+from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel, flex_or_sdpa
+from longctx.methods.transformer_xl.flex_relative import distance_table, relative_flex_attention
 from longctx.methods.transformer_xl.slot_store import cat_slots
 from longctx.methods.transformer_xl.trams import (
     TramsSelection,
@@ -128,7 +133,8 @@ class AttentionOutput:
 class RelMultiHeadAttention(nn.Module):
     """One XL attention sub-layer, with its residual and LayerNorm (the code's `dec_attn`).
 
-    attention: "sdpa" (fused, default) or "eager" (op by op, as the code); see the module docstring.
+    attention: "sdpa" (fused, default), "eager" (op by op, as the code) or "flex" (compiled, evaluation);
+    see the module docstring.
     """
 
     def __init__(
@@ -208,6 +214,37 @@ class RelMultiHeadAttention(nn.Module):
             q + u[:, None, :], k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=self.scale
         )
 
+    def _flex(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        r: Tensor | None,
+        bd: Tensor | None,
+        u: Tensor,
+        vb: Tensor,
+        key_valid: Tensor,
+        same_length: int | None,
+    ) -> Tensor:
+        """The attention of `_fused` by compiled `flex_attention` (evaluation): (B, H, n, Dh).
+
+        The position term enters unshifted, as the table ((q + v) / √Dh)·r of each query and
+        distance that the kernel reads per pair, the causal and same_length masks as its −inf
+        columns (`distance_table`), or bd / √Dh when given (TRAMS's true positions) with every mask
+        as −inf; missing keys are masked by the kernel."""
+        if bd is None:  # the scale folded into the (B, H, n, Dh) queries, as in `_fused`
+            table = distance_table(((q + vb[:, None, :]) * self.scale) @ r.transpose(-1, -2), same_length)
+            # A key missing (after a document reset): checked by the kernel (one more graph).
+            checked = None if key_valid.all() else key_valid
+        else:
+            table = (bd * self.scale).masked_fill(
+                window_blocked(key_valid, q.shape[2], same_length), float("-inf")
+            )
+            checked = None
+        return relative_flex_attention(
+            q + u[:, None, :], k, v, table.to(q.dtype), checked, self.scale, bd is None
+        )
+
     @staticmethod
     def _softmax(scores: Tensor, blocked: Tensor) -> Tensor:
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
@@ -276,14 +313,20 @@ class RelMultiHeadAttention(nn.Module):
             bd = None
         W = k.shape[2]
         r = self._positions(pos_emb, W) if bd is None else None
-        blocked = window_blocked(key_valid, n, same_length)
         probs = mem_mass = None
         # Under torch.compile the eager ops are compiled (inductor fuses them): compiling the fused
         # path's training graph did not finish in 20 min on the 2-core CPU (eager's: about 2 min).
-        fused = self.attention == "sdpa" and not torch.compiler.is_compiling()
+        fused = self.attention != "eager" and not torch.compiler.is_compiling()
+        kernel = "eager"
         if fused and not (need_mass or need_weights) and same_length != 0:
+            kernel = flex_or_sdpa(self.attention, torch.is_grad_enabled() and q.requires_grad)
+        if kernel == "flex":
+            attn = self._flex(q, k, v, r, bd, r_w_bias, r_r_bias, key_valid, same_length)  # (B, H, n, Dh)
+        elif kernel == "sdpa":
+            blocked = window_blocked(key_valid, n, same_length)
             attn = self._fused(q, k, v, r, bd, r_w_bias, r_r_bias, blocked)  # (B, H, n, Dh)
         else:
+            blocked = window_blocked(key_valid, n, same_length)
             probs = self._softmax(self._scores(q, k, r, bd, r_w_bias, r_r_bias), blocked)  # (B, H, n, W)
             mem_mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
             attn = self.dropatt(probs).to(v.dtype) @ v  # (B, H, n, Dh)
