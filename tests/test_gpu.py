@@ -40,8 +40,8 @@ GPU = pytest.mark.gpu
 CUDA = torch.device("cuda")
 ON_CPU_AND_CUDA = [pytest.param("cpu", id="cpu"), pytest.param("cuda", marks=GPU, id="cuda")]
 # Kernels other than eager; "flex" (torch.nn.attention.flex_attention) is checked wherever the knob
-# accepts it and skipped, saying so, where it does not (yet).
-FUSED_KERNELS = ("sdpa", "flex")
+# accepts it and skipped, saying so, where it does not. Its compile takes a minute on the CPU: slow.
+FUSED_KERNELS = ("sdpa", pytest.param("flex", marks=pytest.mark.slow))
 # Lightning's launcher sets these for the one-GPU DDP run: restored after it.
 DDP_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 
