@@ -15,7 +15,7 @@ import pytest
 
 from longctx.data.__main__ import main as data_main
 from longctx.data.datamodule import LMDataModule
-from longctx.data.synth import WORDS, SynthSettings, generate, load_marks, marked_tokens
+from longctx.data.synth import INITIAL_WORDS, WORDS, SynthSettings, generate, load_marks, marked_tokens
 from longctx.data.tokenize import gpt2_files, gpt2_tokenizer_from_files
 from tests.conftest import shared_dir, skip_without_shared
 
@@ -45,20 +45,15 @@ def answers_by_backward_search(text: bytes, task: str) -> tuple[list[int], list[
     return offsets, distances
 
 
-@pytest.mark.parametrize("task", ["copy", "recall"])
-@pytest.mark.parametrize("gap,near_repeat", [(160, True), (40, True), (300, False)])
-def test_marks_are_exactly_the_answer_bytes_whose_source_is_at_least_gap_back(
-    tmp_path, task, gap, near_repeat
-):
-    settings = SynthSettings(task, gap=gap, train_bytes=6_000, eval_bytes=3_000, near_repeat=near_repeat)
-    counts = generate(settings, tmp_path)
+def assert_marks_are_the_far_answers(out: Path, task: str, gap: int, near_repeat: bool) -> None:
+    """Every split's sidecar holds exactly the answer bytes the backward search finds >= gap back."""
     for split in SPLITS:
-        text = (tmp_path / f"{split}.txt").read_bytes()
-        assert text.isascii() and text.endswith(b".\n") and len(text) == counts[split]["bytes"]
+        text = (out / f"{split}.txt").read_bytes()
+        assert text.isascii() and text.endswith(b".\n")
         offsets, distances = answers_by_backward_search(text, task)
         offsets, distances = np.asarray(offsets), np.asarray(distances)
         far = distances >= gap
-        marks = load_marks(tmp_path, split)
+        marks = load_marks(out, split)
         assert int(marks["gap"]) == gap
         assert np.array_equal(marks["offset"], offsets[far]) and np.array_equal(
             marks["distance"], distances[far]
@@ -68,6 +63,32 @@ def test_marks_are_exactly_the_answer_bytes_whose_source_is_at_least_gap_back(
         assert far.sum() > 0 and (far.sum() < len(far)) == near_repeat
         # every marked byte repeats its source byte
         assert all(text[i] == text[i - d] for i, d in zip(marks["offset"], marks["distance"], strict=True))
+
+
+@pytest.mark.parametrize("task", ["copy", "recall"])
+@pytest.mark.parametrize("gap,near_repeat", [(160, True), (40, True), (300, False)])
+def test_marks_are_exactly_the_answer_bytes_whose_source_is_at_least_gap_back(
+    tmp_path, task, gap, near_repeat
+):
+    settings = SynthSettings(task, gap=gap, train_bytes=6_000, eval_bytes=3_000, near_repeat=near_repeat)
+    counts = generate(settings, tmp_path)
+    for split in SPLITS:
+        assert (tmp_path / f"{split}.txt").stat().st_size == counts[split]["bytes"]
+    assert_marks_are_the_far_answers(tmp_path, task, gap, near_repeat)
+
+
+@pytest.mark.parametrize("vocab,recalls,near_repeat", [(2, 4, True), (5, 1, True), (3, 3, False)])
+def test_copy_of_a_few_words_recalled_several_times_is_marked_exactly(tmp_path, vocab, recalls, near_repeat):
+    """`--passage_vocab N`: passages only from the first N one-per-initial-letter words, every one of
+    them used; `--recalls K`: K recalls per episode, each marked against the copy just before it."""
+    flags = ["--gap", "36", "--passage_words", "1", "--passage_vocab", str(vocab), "--recalls", str(recalls)]
+    flags += ["--train_bytes", "6000", "--eval_bytes", "3000"] + ([] if near_repeat else ["--no_near_repeat"])
+    data_main(["synth", "copy", "--out", str(tmp_path), *flags])
+    assert_marks_are_the_far_answers(tmp_path, "copy", 36, near_repeat)
+    text = (tmp_path / "train.txt").read_text()
+    passages = re.findall(r"remember: ([a-z]+)\.", text)
+    assert set(passages) == set(INITIAL_WORDS[:vocab]) and len({word[0] for word in INITIAL_WORDS}) == 25
+    assert all(line.count("recall: ") == recalls for line in text.splitlines())
 
 
 def test_the_same_seed_writes_the_same_files_and_another_seed_others(tmp_path):
@@ -148,6 +169,12 @@ def test_the_cli_writes_the_task_and_says_how_to_train_on_it(tmp_path, capsys):
     [
         (["--gap", "0"], "error: synth: --gap must be a positive integer, got 0"),
         (["--pairs", "500"], "error: synth: --pairs must be at most 139 (half the word list)"),
+        (
+            ["--passage_vocab", "26"],
+            "error: synth: --passage_vocab must be in [1, 25] (one word per initial letter), got 26",
+        ),
+        (["--recalls", "0"], "error: synth: --recalls must be a positive integer, got 0"),
+        (["--recalls", "2"], "error: synth: --passage_vocab and --recalls are for the copy task"),
     ],
 )
 def test_bad_synth_settings_are_one_line(tmp_path, flags, message):

@@ -20,6 +20,7 @@ behind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import warnings
 from pathlib import Path
@@ -137,6 +138,15 @@ def add_synth_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--passage_words", type=int, default=defaults.passage_words, help="copy: words")
     parser.add_argument("--pairs", type=int, default=defaults.pairs, help="recall: keys per episode")
     parser.add_argument(
+        "--passage_vocab",
+        type=int,
+        default=defaults.passage_vocab,
+        help="copy: draw passages from N words with distinct first letters (default: all words)",
+    )
+    parser.add_argument(
+        "--recalls", type=int, default=defaults.recalls, help="copy: recall the passage K times, G apart"
+    )
+    parser.add_argument(
         "--no_near_repeat",
         dest="near_repeat",
         action="store_false",
@@ -145,9 +155,9 @@ def add_synth_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_synth(args: argparse.Namespace) -> None:
-    fields = ("task", "gap", "seed", "train_bytes", "eval_bytes", "passage_words", "pairs", "near_repeat")
+    names = [field.name for field in dataclasses.fields(synth.SynthSettings)]  # each is a flag
     try:
-        settings = synth.SynthSettings(**{name: getattr(args, name) for name in fields})
+        settings = synth.SynthSettings(**{name: getattr(args, name) for name in names})
         counts = synth.generate(settings, args.out)
     except (ValueError, OSError) as err:
         sys.exit(f"error: synth: {err}")

@@ -69,6 +69,9 @@ tomato tower tractor train trumpet tulip turtle umbrella valley velvet violin wa
 willow window winter wizard wolf yacht zebra
 """
 WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
+# The first word of each initial letter, in order (25: no word starts with x): the vocabulary of
+# `--passage_vocab N` takes the first N, so a passage word's first letter alone decides which it is.
+INITIAL_WORDS: tuple[str, ...] = tuple(sorted({word[0]: word for word in reversed(WORDS)}.values()))
 
 
 @dataclass(frozen=True)
@@ -89,15 +92,24 @@ class SynthSettings:
     passage_words: int = 3
     pairs: int = 2
     near_repeat: bool = True
+    passage_vocab: int | None = None
+    recalls: int = 1
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of {list(TASKS)}")
-        for name in ("gap", "train_bytes", "eval_bytes", "passage_words", "pairs"):
+        for name in ("gap", "train_bytes", "eval_bytes", "passage_words", "pairs", "recalls"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be a positive integer, got {getattr(self, name)}")
         if self.pairs > len(WORDS) // 2:
             raise ValueError(f"--pairs must be at most {len(WORDS) // 2} (half the word list)")
+        if self.passage_vocab is not None and not 1 <= self.passage_vocab <= len(INITIAL_WORDS):
+            raise ValueError(
+                f"--passage_vocab must be in [1, {len(INITIAL_WORDS)}] (one word per initial letter), "
+                f"got {self.passage_vocab}"
+            )
+        if self.task != "copy" and (self.passage_vocab is not None or self.recalls != 1):
+            raise ValueError("--passage_vocab and --recalls are for the copy task")
 
     def split_bytes(self, split: str) -> int:
         return self.train_bytes if split == "train" else self.eval_bytes
@@ -130,25 +142,28 @@ class SplitText:
         return "".join(self.parts)
 
 
-def random_words(rng: np.random.Generator, n: int) -> list[str]:
-    return [WORDS[i] for i in rng.integers(len(WORDS), size=n)]
+def random_words(rng: np.random.Generator, n: int, vocabulary: Sequence[str] = WORDS) -> list[str]:
+    return [vocabulary[i] for i in rng.integers(len(vocabulary), size=n)]
 
 
 def copy_episode(out: SplitText, rng: np.random.Generator, settings: SynthSettings) -> None:
-    """remember: P. [again: P.] <filler>. recall: P.  (the last P starts >= G after the previous one)"""
-    passage = " ".join(random_words(rng, settings.passage_words))
+    """remember: P. [again: P.] <filler>. recall: P. [<filler>. recall: P. ...]  (`recalls` times;
+    each recalled P starts >= G after the previous copy)"""
+    vocabulary = WORDS if settings.passage_vocab is None else INITIAL_WORDS[: settings.passage_vocab]
+    passage = " ".join(random_words(rng, settings.passage_words, vocabulary))
     out.add("remember: ")
     source = out.add(passage)
     if settings.near_repeat:
         out.add(". again: ")
         source = out.answer(passage, source)
-    out.add(".")
     cue = ". recall: "
-    out.add(" " + random_words(rng, 1)[0])  # at least one filler word
-    while out.size + len(cue) - source < settings.gap:
-        out.add(" " + random_words(rng, 1)[0])
-    out.add(cue)
-    out.answer(passage, source)
+    for _ in range(settings.recalls):
+        out.add(".")
+        out.add(" " + random_words(rng, 1)[0])  # at least one filler word
+        while out.size + len(cue) - source < settings.gap:
+            out.add(" " + random_words(rng, 1)[0])
+        out.add(cue)
+        source = out.answer(passage, source)
     out.add(".\n")
 
 
