@@ -92,37 +92,83 @@ def test_every_method_folder_is_registered_with_its_module_and_tiny_recipe():
         assert config["data"].get("mode", "segments") == module_class.batch_mode, method.tiny_config
 
 
-# What a method may import from another method: Transformer-XL's pure-PyTorch parts, on which the
-# Compressive Transformer is built (docs/architecture.md, "Adding a method"). Never another method's
-# LightningModule, conversion, callbacks or figures: those belong to their method alone.
+# What a method may import from another method, name by name: Transformer-XL's pure-PyTorch parts, on
+# which the Compressive Transformer is built (docs/architecture.md, "Which XL parts other methods may
+# import"). Never a whole module, nor another method's LightningModule, conversion, TRAMS, evaluation
+# cache (slot store), callbacks or figures: those belong to their method alone, and may change with it.
 SHARED_METHOD_PARTS = {
-    "longctx/methods/transformer_xl/network.py",
-    "longctx/methods/transformer_xl/relative_attention.py",
-    "longctx/methods/transformer_xl/adaptive_softmax.py",
-    "longctx/methods/transformer_xl/memory.py",
-    "longctx/methods/transformer_xl/flops.py",
+    "longctx/methods/transformer_xl/network.py": {"TransformerXL", "XLBlock", "PositionwiseFF"},
+    "longctx/methods/transformer_xl/relative_attention.py": {
+        "RelMultiHeadAttention",
+        "AttentionOutput",
+        "sinusoid_positions",
+        "rel_shift",
+        "window_blocked",
+    },
+    "longctx/methods/transformer_xl/adaptive_softmax.py": {
+        "AdaptiveEmbedding",
+        "ProjectedAdaptiveLogSoftmax",
+        "cutoffs_within",
+    },
+    "longctx/methods/transformer_xl/memory.py": {
+        "XLMemory",
+        "empty_memory",
+        "zero_memory",
+        "update_memory",
+        "reset_memory_rows",
+    },
+    "longctx/methods/transformer_xl/flops.py": {"macs_per_token"},
 }
 
 
+def imported_names(path: Path) -> list[tuple[str, str | None]]:
+    """(module, name) for every `from module import name` of a file, (module, None) for `import module`
+    (relative imports resolved against its package, as `imported_modules`)."""
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, None) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found.extend((base, alias.name) for alias in node.names)
+    return found
+
+
 def cross_method_imports(methods_root: Path) -> list[str]:
-    """`importer -> imported` for every file of a method that imports a file of another method
-    outside `SHARED_METHOD_PARTS`."""
+    """`importer -> imported:name` for every name a file of a method imports from another method that
+    `SHARED_METHOD_PARTS` does not declare (`imported:*` for a whole module: `import x`, or `from pkg
+    import module`)."""
     found = []
     for path in sorted(methods_root.rglob("*.py")):
         own = path.relative_to(methods_root).parts[0]
-        for module in imported_modules(path):
-            target = source_of(module)
+        for module, name in imported_names(path):
+            submodule = source_of(f"{module}.{name}") if name is not None else None
+            target = submodule or source_of(module)
             if target is None or methods_root not in target.parents or target.parent == methods_root:
                 continue
+            if target.relative_to(methods_root).parts[0] == own:
+                continue
             imported = str(target.relative_to(REPO))
-            if target.relative_to(methods_root).parts[0] != own and imported not in SHARED_METHOD_PARTS:
-                found.append(f"{path.relative_to(REPO)} -> {imported}")
+            whole = name is None or submodule is not None or name == "*"
+            if whole or name not in SHARED_METHOD_PARTS.get(imported, ()):
+                found.append(f"{path.relative_to(REPO)} -> {imported}:{'*' if whole else name}")
     return sorted(set(found))
 
 
 def test_methods_import_from_each_other_only_the_declared_parts():
     assert cross_method_imports(REPO / "longctx" / "methods") == []
-    assert all((REPO / part).is_file() for part in SHARED_METHOD_PARTS)
+    for part, names in SHARED_METHOD_PARTS.items():
+        defined = {
+            node.name if not isinstance(node, ast.Assign) else node.targets[0].id
+            for node in ast.parse((REPO / part).read_text()).body
+            if isinstance(node, ast.FunctionDef | ast.ClassDef)
+            or (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name))
+        }
+        assert names <= defined, f"{part} no longer defines {sorted(names - defined)}"
 
 
 def test_the_cross_method_check_finds_an_undeclared_import(tmp_path, monkeypatch):
@@ -131,10 +177,31 @@ def test_the_cross_method_check_finds_an_undeclared_import(tmp_path, monkeypatch
         (methods / folder).mkdir(parents=True)
         (methods / folder / "__init__.py").write_text("")
     (methods / "a" / "module.py").write_text("X = 1\n")
-    own_and_other = "from . import network\nfrom longctx.methods.a.module import X\n"
-    (methods / "b" / "network.py").write_text(own_and_other)
+    (methods / "a" / "network.py").write_text("Shared = 1\nPrivate = 2\n")
+    (methods / "b" / "network.py").write_text(
+        "from . import network\n"  # its own: fine
+        "from longctx.methods.a.module import X\n"  # a file with no declared name
+        "from longctx.methods.a.network import Shared, Private\n"  # one declared, one not
+        "from longctx.methods.a import network as whole\n"  # a whole module
+        "import longctx.methods.a.network\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    assert cross_method_imports(methods) == ["longctx/methods/b/network.py -> longctx/methods/a/module.py"]
+    monkeypatch.setattr(
+        sys.modules[__name__], "SHARED_METHOD_PARTS", {"longctx/methods/a/network.py": {"Shared"}}
+    )
+    assert cross_method_imports(methods) == [
+        "longctx/methods/b/network.py -> longctx/methods/a/module.py:X",
+        "longctx/methods/b/network.py -> longctx/methods/a/network.py:*",
+        "longctx/methods/b/network.py -> longctx/methods/a/network.py:Private",
+    ]
+
+
+def test_code_shared_by_the_methods_imports_no_method():
+    """`longctx/methods/*.py` (the attention kernel knob, the FIFO memory, the registry) serve every
+    method: they import none (the registry names modules by import path)."""
+    shared = list((REPO / "longctx" / "methods").glob("*.py"))
+    assert {"fifo.py", "attention_kernel.py", "registry.py"} <= {p.name for p in shared}
+    assert {p.name: method_imports(p) for p in shared} == {p.name: [] for p in shared}
 
 
 @pytest.mark.parametrize(

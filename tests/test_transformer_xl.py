@@ -125,6 +125,24 @@ def test_attention_layer_gradients_match_finite_differences():
     assert torch.autograd.gradcheck(lambda x, u: attn(x, mem, valid, pos, u, u * 0.5).out, (x, u))
 
 
+def test_the_attention_exposes_its_per_head_query_key_and_value_weights():
+    """`query_weight`, `key_weight`, `value_weight` (H, Dh, D) are the projections the layer attends
+    with: the keys and values of [memory, segment] it returns are W_K h and W_V h, and the three are
+    `qkv_net.weight`'s [W_Q; W_K; W_V] blocks (views: the Compressive Transformer's loss reads them)."""
+    torch.manual_seed(0)
+    attn = RelMultiHeadAttention(d_model=6, n_heads=2, d_head=3, dropout=0.0).double()
+    x, mem = torch.randn(2, 3, 6, dtype=torch.double), torch.randn(2, 4, 6, dtype=torch.double)
+    u, v = torch.randn(2, 3, dtype=torch.double), torch.randn(2, 3, dtype=torch.double)
+    out = attn(x, mem, torch.ones(2, 4, dtype=torch.bool), sinusoid_positions(7, 6, dtype=torch.double), u, v)
+    cat = torch.cat([mem, x], 1)
+    torch.testing.assert_close(out.kv[0], torch.einsum("hed,btd->bhte", attn.key_weight(), cat))
+    torch.testing.assert_close(out.kv[1], torch.einsum("hed,btd->bhte", attn.value_weight(), cat))
+    blocks = [attn.query_weight(), attn.key_weight(), attn.value_weight()]
+    assert all(w.shape == (2, 3, 6) for w in blocks)
+    assert torch.equal(torch.cat([w.reshape(6, 6) for w in blocks]), attn.qkv_net.weight)
+    assert all(w.data_ptr() == attn.qkv_net.weight[6 * i].data_ptr() for i, w in enumerate(blocks))
+
+
 @pytest.mark.parametrize(("mlen", "n", "mem_len"), [(0, 4, 6), (3, 4, 6), (6, 4, 6), (8, 4, 6), (2, 5, 3)])
 def test_same_length_mask_equals_the_code_construction_and_counts(mlen, n, mem_len):
     klen = mlen + n

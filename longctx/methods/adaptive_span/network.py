@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind, SpanTrim
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.attention_kernel import AttentionKernel
+from longctx.methods.fifo import fifo_append
 
 
 @dataclass
@@ -144,7 +145,7 @@ class SpanTransformer(nn.Module):
         for layer, h_cache in zip(self.layers, cache.h_cache):
             # Sized before the layer runs, as in the code: the cache the next block will read.
             C_next = layer.attn.cache_size()
-            new_cache.append(torch.cat([h_cache, h], dim=1)[:, -C_next:])
+            new_cache.append(fifo_append(h_cache, h, capacity=C_next).kept)
             h, z_t, L = layer(h, h_cache, self.key_pe, span_cap)
             attended.append(L)
             mask = layer.attn.adaptive_mask

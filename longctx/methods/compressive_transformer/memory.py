@@ -22,6 +22,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from longctx.methods import fifo
+
 
 class CompressiveMemory(NamedTuple):
     """The memories of a batch of rows; P_m, P_cm = slots held (at most n_m (+ c − 1), n_cm).
@@ -67,8 +69,7 @@ def empty_compressive_memory(
 def evicted_count(held: int, segment: int, mem_len: int, rate: int, compressing: bool) -> int:
     """How many of the `held` + `segment` states leave a memory of `mem_len`: the overflow, rounded
     down to whole groups of `rate` when they are compressed."""
-    overflow = max(held + segment - mem_len, 0)
-    return overflow - overflow % rate if compressing else overflow
+    return fifo.evicted_count(held, segment, mem_len, group=rate if compressing else 1)
 
 
 @torch.no_grad()
@@ -78,11 +79,13 @@ def evict(
     """Append each layer's segment input (B, n, d) to its memory; return the memory and the states
     evicted from its old end (see `evicted_count`)."""
     B, n = inputs[0].shape[:2]
-    held = memory.valid.shape[1]
-    e = evicted_count(held, n, mem_len, rate, compressing)
-    valid = torch.cat([memory.valid, memory.valid.new_ones(B, n)], dim=1)
-    states = [torch.cat([h.to(x.dtype), x.detach()], dim=1) for h, x in zip(memory.hidden, inputs)]
-    return Eviction([s[:, e:] for s in states], valid[:, e:], [s[:, :e] for s in states], valid[:, :e])
+    group = rate if compressing else 1
+    valid = fifo.fifo_append(memory.valid, memory.valid.new_ones(B, n), mem_len, group=group)
+    states = [
+        fifo.fifo_append(h.to(x.dtype), x.detach(), mem_len, group=group)
+        for h, x in zip(memory.hidden, inputs)
+    ]
+    return Eviction([s.kept for s in states], valid.kept, [s.evicted for s in states], valid.evicted)
 
 
 @torch.no_grad()
@@ -90,12 +93,11 @@ def append_compressed(
     memory: CompressiveMemory, new: list[Tensor], new_valid: Tensor, cmem_len: int
 ) -> tuple[list[Tensor], Tensor]:
     """Each layer's compressed memory with `new` (B, k, d) appended, the last `cmem_len` slots kept."""
-    valid = torch.cat([memory.compressed_valid, new_valid], dim=1)
-    drop = max(valid.shape[1] - cmem_len, 0)
+    valid = fifo.fifo_append(memory.compressed_valid, new_valid, cmem_len).kept
     compressed = [
-        torch.cat([cm.to(x.dtype), x.detach()], dim=1)[:, drop:] for cm, x in zip(memory.compressed, new)
+        fifo.fifo_append(cm.to(x.dtype), x.detach(), cmem_len).kept for cm, x in zip(memory.compressed, new)
     ]
-    return compressed, valid[:, drop:]
+    return compressed, valid
 
 
 def reset_compressive_memory_rows(memory: CompressiveMemory, reset: Tensor) -> CompressiveMemory:

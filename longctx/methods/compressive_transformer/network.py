@@ -212,7 +212,9 @@ def content_attention(attn: RelMultiHeadAttention, query: Tensor, memory: Tensor
     """attn(h, mem) of §3.2 with the layer's weights detached: per head softmax(q kᵀ/√d_head) v over the
     valid memory slots, (B, H, n, Dh); LayerNorm first under pre-LN, as the layer does."""
     H, Dh = attn.n_heads, attn.d_head
-    w_q, w_k, w_v = attn.qkv_net.weight.detach().split(H * Dh)  # XL's [q; k; v] projection layout
+    w_q, w_k, w_v = (
+        w.detach().flatten(0, 1) for w in (attn.query_weight(), attn.key_weight(), attn.value_weight())
+    )
     if attn.pre_lnorm:
         ln = attn.layer_norm
         norm = lambda t: F.layer_norm(t, ln.normalized_shape, ln.weight.detach(), ln.bias.detach(), ln.eps)  # noqa: E731

@@ -19,11 +19,13 @@ memory's tensors are views of buffers that the next segment appends to in place 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from longctx.methods.fifo import evicted_count, fifo_append, split_evicted
 from longctx.methods.transformer_xl.slot_store import SlotAppender, SlotCursor
 
 
@@ -92,7 +94,8 @@ def update_memory(
     score_matrix: Tensor | None = None,
     appender: SlotAppender | None = None,
 ) -> XLMemory:
-    """Append each layer's segment input (B, n, d) to its memory and keep the last mem_len slots.
+    """Append each layer's segment input (B, n, d) to its memory and keep the last mem_len slots
+    (`longctx.methods.fifo`; the evicted states are dropped).
 
     kv: per layer the keys and values of [memory, segment] (2, B, H, P + n, Dh) to cache, or None;
     score, score_matrix: the TRAMS scores of [memory, segment] (L, B, H, P + n) and the layers'
@@ -102,25 +105,22 @@ def update_memory(
     """
     valid = memory.valid
     B, n = inputs[0].shape[:2]
-    P = valid.shape[1]
-    keep = min(mem_len, P + n)
     if appender is None:
-        new_valid = torch.cat([valid, valid.new_ones(B, n)], dim=1)[:, P + n - keep :]
-        hidden = [
-            torch.cat([h.to(x.dtype), x], dim=1)[:, P + n - keep :].detach()
-            for h, x in zip(memory.hidden, inputs)
-        ]
+        new_valid = fifo_append(valid, valid.new_ones(B, n), mem_len).kept
+        hidden = [fifo_append(h.to(x.dtype), x.detach(), mem_len).kept for h, x in zip(memory.hidden, inputs)]
     else:
-        new_valid = appender.extend("valid", valid, valid.new_ones(B, n))[:, P + n - keep :]
+        join_valid = partial(appender.extend, "valid")
+        new_valid = fifo_append(valid, valid.new_ones(B, n), mem_len, join=join_valid).kept
         hidden = [
-            appender.extend("hidden", h, x.detach(), layer=i)[:, P + n - keep :]
+            fifo_append(h, x.detach(), mem_len, join=partial(appender.extend, "hidden", layer=i)).kept
             for i, (h, x) in enumerate(zip(memory.hidden, inputs))
         ]
     if kv is None:
         return XLMemory(hidden, new_valid)
-    kv = [t[..., P + n - keep :, :].detach() for t in kv]
+    evicted = evicted_count(valid.shape[1], n, mem_len)  # kv and score hold [memory, segment] already
+    kv = [split_evicted(t, evicted, dim=-2).kept.detach() for t in kv]
     if score is not None:
-        score = score[..., P + n - keep :].detach()
+        score = split_evicted(score, evicted, dim=-1).kept.detach()
     slots = appender.cursor() if appender is not None else None  # every field is appended by now
     return XLMemory(hidden, new_valid, kv, score, score_matrix, slots)
 

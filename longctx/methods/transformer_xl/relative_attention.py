@@ -162,8 +162,21 @@ class RelMultiHeadAttention(nn.Module):
 
     def query_weight(self) -> Tensor:
         """Each head's query projection W_Q⁽ʰ⁾: (H, Dh, D)."""
-        w_q = self.qkv_net.weight[: self.n_heads * self.d_head]
-        return w_q.view(self.n_heads, self.d_head, -1)
+        return self._projection_weight(0)
+
+    def key_weight(self) -> Tensor:
+        """Each head's key projection W_K⁽ʰ⁾: (H, Dh, D) (k = W_K⁽ʰ⁾ h of a layer input h)."""
+        return self._projection_weight(1)
+
+    def value_weight(self) -> Tensor:
+        """Each head's value projection W_V⁽ʰ⁾: (H, Dh, D)."""
+        return self._projection_weight(2)
+
+    def _projection_weight(self, block: int) -> Tensor:
+        """Block `block` of `qkv_net`'s [W_Q; W_K; W_V] rows (the code's layout), per head: (H, Dh, D),
+        a view (gradients reach `qkv_net.weight`)."""
+        HD = self.n_heads * self.d_head
+        return self.qkv_net.weight[block * HD : (block + 1) * HD].view(self.n_heads, self.d_head, -1)
 
     def _heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
