@@ -83,7 +83,8 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(tmp_path):
         "step 2/12",
         "step 4/12",
     ]
-    assert "fit stopped (SIGTERMException) at step 5" in log, log
+    assert f"fit stopped (SIGTERMException) at step 5; saving last checkpoint {checkpoint}" in log, log
+    assert "no checkpoint saved" not in log
     summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
     assert (summary["status"], summary["global_step"]) == ("interrupted", 5)
 

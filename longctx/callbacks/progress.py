@@ -26,6 +26,9 @@ import torch
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from longctx.callbacks.sigterm import CheckpointOnSigterm, sigterm_checkpoint_path
 
 
 def scored_tokens(batch: Any) -> torch.Tensor | None:
@@ -114,7 +117,14 @@ class ProgressLog(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         if trainer.is_global_zero and trainer.state.fn == TrainerFn.FITTING:
-            print(closing_summary(trainer, f"fit stopped ({type(exception).__name__})"), flush=True)
+            # A signal's checkpoint is written after this hook (CheckpointOnSigterm comes later in
+            # the callbacks): name the file it is writing, not "no checkpoint saved".
+            signal_save = isinstance(exception, SIGTERMException) and any(
+                isinstance(callback, CheckpointOnSigterm) for callback in trainer.callbacks
+            )
+            saving = sigterm_checkpoint_path(trainer) if signal_save else None
+            headline = f"fit stopped ({type(exception).__name__})"
+            print(closing_summary(trainer, headline, saving=saving), flush=True)
 
 
 def _total_steps(trainer: pl.Trainer) -> int | None:
@@ -125,8 +135,9 @@ def _total_steps(trainer: pl.Trainer) -> int | None:
     return int(estimate) if math.isfinite(estimate) else None
 
 
-def closing_summary(trainer: pl.Trainer, headline: str) -> str:
-    """One line: where the run ended, its best and last checkpoints, and where its files are."""
+def closing_summary(trainer: pl.Trainer, headline: str, saving: str | None = None) -> str:
+    """One line: where the run ended, its best and last checkpoints (or `saving`, the last checkpoint
+    being written as the run stops), and where its files are."""
     parts = [f"{headline} at step {trainer.global_step}"]
     checkpoint = trainer.checkpoint_callback
     # Only files that exist: a save that failed (a full disk) leaves its name in the callback.
@@ -134,7 +145,9 @@ def closing_summary(trainer: pl.Trainer, headline: str) -> str:
         score, monitor = checkpoint.best_model_score, checkpoint.monitor
         metric = f" ({monitor} {float(score):.4f})" if monitor and score is not None else ""
         parts.append(f"best checkpoint {checkpoint.best_model_path}{metric}")
-    if isinstance(checkpoint, ModelCheckpoint) and os.path.isfile(checkpoint.last_model_path):
+    if saving is not None:
+        parts.append(f"saving last checkpoint {saving}")
+    elif isinstance(checkpoint, ModelCheckpoint) and os.path.isfile(checkpoint.last_model_path):
         parts.append(f"last checkpoint {checkpoint.last_model_path}")
     if len(parts) == 1:
         parts.append("no checkpoint saved")
