@@ -310,8 +310,8 @@ def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
         metrics = cpu_trainer(tmp_path).validate(evaluated, datamodule=data, verbose=False)[0]
         return {k: float(v) for k, v in metrics.items()}
 
-    xl = validate()
-    rpe = validate(eval_mem_len=0)
+    xl = validate(log_attention_mass=True)
+    rpe = validate(eval_mem_len=0, log_attention_mass=True)
     trams_protocol = validate(protocol="trams")
     selected = validate(eval_mem_len=32, trams_attended=16, trams_kept=8)
     assert xl["val/tokens"] == 1200
@@ -319,6 +319,7 @@ def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
     # protocol drops the last real target of every segment, the short final one included
     assert trams_protocol["val/tokens"] == 1200 - 2 * math.ceil(600 / 16)
     assert rpe["trams/mem_mass"] == 0 and xl["trams/mem_mass"] > 0
+    assert "trams/mem_mass" not in trams_protocol  # off by default: the fused kernel gives no mass
     assert len({xl["val/loss"], rpe["val/loss"], trams_protocol["val/loss"], selected["val/loss"]}) == 4
 
 
