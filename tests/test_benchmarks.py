@@ -177,9 +177,9 @@ def run_script(script: str, args: list[str], expected: str, tmp_path: Path) -> N
 # ------------------------------------------------------------------ bash benchmarks/gpu.sh
 
 
-def gpu_sh(**env: str) -> subprocess.CompletedProcess:
+def gpu_sh(*parts: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(BENCHMARKS / "gpu.sh")],
+        ["bash", str(BENCHMARKS / "gpu.sh"), *parts],
         env={**os.environ, "PYTHON": sys.executable, **env},
         capture_output=True,
         text=True,
@@ -215,6 +215,15 @@ def test_gpu_sh_with_a_python_that_fails_says_so_and_fails():
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == (
         "error: could not ask torch for a CUDA device (false exited 1); activate the project's environment\n"
+    )
+
+
+def test_gpu_sh_refuses_an_unknown_part_naming_the_parts():
+    """Checked before torch is asked for a device: a typo never costs GPU time."""
+    done = gpu_sh("tests", "benchmark", PYTHON="false")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "error: no part 'benchmark'; the parts are: tests attention compile recurrence compressive\n"
     )
 
 

@@ -211,6 +211,26 @@ def test_bad_attention_kernel_is_one_line():
         xl_network(attention="flash")
 
 
+def test_flex_refuses_a_head_dimension_cuda_cannot_run_in_one_line():
+    """Inductor's CUDA flex kernel needs a head dimension of 16: a narrower model is told so before
+    compiling (checked with a stand-in for a CUDA query: the test tier has no GPU)."""
+
+    class CudaQuery:  # what `compile_flex` reads of its first argument
+        is_cuda = True
+        shape = (2, 4, 16, 8)  # (B, H, M, Dh)
+
+    @attention_kernel.compile_flex
+    def never_called(q):  # pragma: no cover - refused before compiling
+        raise AssertionError
+
+    expected = (
+        r"^attention 'flex' needs a head dimension of at least 16 on CUDA \(this model's is 8\): "
+        r"use attention 'sdpa', or fewer, wider heads$"
+    )
+    with pytest.raises(ValueError, match=expected):
+        never_called(CudaQuery())
+
+
 # ------------------------------------------------------------------ Transformer-XL by flex_attention
 
 

@@ -29,6 +29,9 @@ ATTENTION_KERNELS = ("eager", "sdpa", "flex")
 # One compiled graph per shape: the memory filling (mem_len / n + 1 shapes), short last segments,
 # TRAMS windows; above Dynamo's default of 8 the kernel would silently run uncompiled.
 FLEX_RECOMPILE_LIMIT = 64
+# Inductor's CUDA flex kernel refuses smaller query/key/value embeddings ("NYI: embedding dimension ... must
+# be at least 16", torch 2.11 on an H100); its CPU kernel takes any.
+FLEX_CUDA_MIN_HEAD_DIM = 16
 
 log = logging.getLogger(__name__)
 Fn = TypeVar("Fn", bound=Callable[..., torch.Tensor])
@@ -62,12 +65,18 @@ def flex_or_sdpa(attention: AttentionKernel, records_gradient: bool) -> Attentio
 def compile_flex(fn: Fn) -> Fn:
     """`torch.compile` of a function that calls `flex_attention` (which runs fused only compiled):
     static shapes, one graph per shape (inductor's CPU flex kernel with a dynamic query length
-    failed to compile in torch 2.13), up to FLEX_RECOMPILE_LIMIT shapes."""
+    failed to compile in torch 2.13), up to FLEX_RECOMPILE_LIMIT shapes. The first argument is the
+    query (B, H, M, Dh): on CUDA a head dimension below FLEX_CUDA_MIN_HEAD_DIM is refused in one line."""
     compiled = torch.compile(fn, dynamic=False, fullgraph=True)
 
     @functools.wraps(fn)
-    def call(*args: object) -> torch.Tensor:
+    def call(q: torch.Tensor, *args: object) -> torch.Tensor:
+        if q.is_cuda and q.shape[-1] < FLEX_CUDA_MIN_HEAD_DIM:
+            raise ValueError(
+                f"attention 'flex' needs a head dimension of at least {FLEX_CUDA_MIN_HEAD_DIM} on CUDA "
+                f"(this model's is {q.shape[-1]}): use attention 'sdpa', or fewer, wider heads"
+            )
         with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
-            return compiled(*args)
+            return compiled(q, *args)
 
     return call  # type: ignore[return-value]

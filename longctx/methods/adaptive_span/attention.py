@@ -119,8 +119,9 @@ def band_attention(
         else:
             mask = mask[:, :, None]  # (B|1, H, 1, 1, L)
     if fused:  # the log-mask of `flex_band.log_mask`
-        out = _fused_band(q, k, v, position, mask, dropout)
-        return out.view(B, H, n * c, Dh)[:, :, :M]
+        out = _fused_band(q, k, v, position, mask, dropout)  # (B, H, n, c, Dh), the kernel's strides
+        # reshape, not view: CUDA's fused kernels lay the output out as (B, c, H·n, Dh) in memory
+        return out.reshape(B, H, n * c, Dh)[:, :, :M]
     content = unskew(q @ k.transpose(-1, -2))  # (B, H, n, c, L)
     logits = content + position  # (B, H, n, c, L); the softmax runs in float32 at least (bf16 autocast)
     probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / math.sqrt(Dh), dim=-1)

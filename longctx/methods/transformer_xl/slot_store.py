@@ -103,6 +103,9 @@ class SlotAppender:
         self.store.end = self.base + self.n
         return SlotCursor(self.store, self.store.end, self.store.generation)
 
+    # Not traced by torch.compile: it reads buffer addresses and keys buffers by (field, layer), so dynamo
+    # compiled it again for each and hit its recompile limit (8) (benchmarks/compile.py on an H100).
+    @torch.compiler.disable
     def extend(self, name: str, old: Tensor, new: Tensor, layer: int = 0) -> Tensor:
         """[old, new] along the field's slot dim (P + n slots), a view of the store's buffer.
 
