@@ -13,6 +13,12 @@ off). Evaluation: `torch.no_grad`, the memory carried (XL and TRAMS with the key
 TRAMS with the score cache). Prints tokens/s (median over the timed rounds) and the medians of the
 per-round speed ratios of each kernel to eager (and flex to sdpa). "flex" (compiled flex_attention)
 computes evaluation only: the warm-up rounds compile its shapes, and training rows leave it out.
+
+How far each step is from the hardware: the matrix-multiply peak is measured first (float32 FLOP/s
+of a large `torch.mm`, best of a few), the step's work is counted once with eager attention by
+`torch.utils.flop_counter.FlopCounterMode` (matrix products: projections, attention, feed-forward,
+softmax layer; the backward's too in training), and each kernel's "% of peak" is that work at its
+measured speed over the peak. Every kernel is credited the same (eager's) work.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 from gpu_report import device_name  # this folder's
+from torch.utils.flop_counter import FlopCounterMode
 
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
@@ -108,6 +115,30 @@ def measure(
     return result
 
 
+def matmul_peak(device: torch.device, n: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of the fastest of `repeats` float32 (n × n) @ (n × n) products (2·n³ FLOPs each)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    for _ in range(3):  # warm-up: a process's first products ran at 0.7× (2 threads, this CPU)
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def step_flops(model: torch.nn.Module, step: Callable[[], None]) -> int:
+    """The matrix-product FLOPs of one step with eager attention (backward included in training)."""
+    use_kernel(model, "eager")
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the GPU's queued kernels, so that a step's time is its own (a no-op on the CPU)."""
     if device.type == "cuda":
@@ -143,7 +174,11 @@ def main() -> None:
     parser.add_argument("--device", type=torch.device, default=torch.device("cpu"), help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"device {device_name(args.device)}, threads {args.threads}, torch {torch.__version__}")
+    peak = matmul_peak(args.device)
+    print(
+        f"device {device_name(args.device)}, threads {args.threads}, torch {torch.__version__}; "
+        f"matrix-multiply peak {peak / 1e9:,.1f} GFLOP/s (float32 2048² torch.mm)"
+    )
     for method in args.methods:
         for mode in args.modes:
             train = mode == "train"
@@ -156,10 +191,16 @@ def main() -> None:
                 else xl_step(args, method == "trams", train)
             )
             r = measure(model, step, kernels, args)
+            flops_per_token = step_flops(model, step) / (args.batch * args.tgt_len)
             pairs = [f"{fast} ÷ {slow}" for fast, slow in ratio_names(kernels)]
             speeds = [f"{r[k + ' tok/s']:,.0f}" for k in kernels] + [f"{r[p]:.2f}" for p in pairs]
-            print(f"| method | mode | {' | '.join(k + ' tok/s' for k in kernels)} | {' | '.join(pairs)} |")
-            print(f"| {method} | {mode} | {' | '.join(speeds)} |")
+            shares = [f"{100 * flops_per_token * r[k + ' tok/s'] / peak:.1f}" for k in kernels]
+            print(
+                f"| method | mode | {' | '.join(k + ' tok/s' for k in kernels)} | {' | '.join(pairs)} | "
+                f"MFLOP/token | {' | '.join(k + ' % of peak' for k in kernels)} |"
+            )
+            cells = [*speeds, f"{flops_per_token / 1e6:.1f}", *shares]
+            print(f"| {method} | {mode} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

@@ -272,6 +272,42 @@ def test_gpu_report_refuses_a_missing_log_in_one_line(tmp_path, monkeypatch, cap
     assert not results.exists()
 
 
+def load_attention_benchmark(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("attention_benchmark", BENCHMARKS / "attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_attention_benchmark_counts_a_steps_matrix_products_with_eager_attention(train, monkeypatch):
+    """The "% of peak" numerator: y = x Wᵀ with x (2, 4), W (3, 4) is 2·2·4·3 = 48 FLOPs forward; its
+    backward adds dW = dyᵀ x, 48 more (x needs no gradient). The step runs with eager attention."""
+    bench = load_attention_benchmark(monkeypatch)
+    layer = torch.nn.Linear(4, 3, bias=False)
+    layer.attention = "sdpa"  # as the networks' attention modules carry their kernel
+    x = torch.randn(2, 4)
+    kernels = []
+
+    def step() -> None:
+        kernels.append(layer.attention)
+        with torch.set_grad_enabled(train):
+            out = layer(x)
+            if train:
+                out.sum().backward()
+
+    assert bench.step_flops(layer, step) == (96 if train else 48)
+    assert kernels == ["eager"]
+
+
+def test_attention_benchmark_matmul_peak_is_the_fastest_products_flop_rate(monkeypatch):
+    bench = load_attention_benchmark(monkeypatch)
+    clock = iter([0.0, 0.5, 1.0, 1.25, 2.0, 3.0])  # products of 0.5 s, 0.25 s and 1 s
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    assert bench.matmul_peak(torch.device("cpu"), n=8, repeats=3) == 2 * 8**3 / 0.25
+
+
 @pytest.mark.parametrize(
     ("method", "train"), [("xl", True), ("xl", False), ("trams", False), ("adaptive_span", True)]
 )
@@ -280,10 +316,7 @@ def test_attention_benchmark_steps_stay_on_the_requested_device(method, train, m
     steps (inputs, memories, caches) must be created there, none on the CPU."""
     from tests.test_meta_device import META, NoHostTensors
 
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("attention_benchmark", BENCHMARKS / "attention.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_attention_benchmark(monkeypatch)
     sizes = dict(vocab=50, n_layers=2, d_model=16, n_heads=2, d_inner=32, batch=2, tgt_len=8)
     args = argparse.Namespace(**sizes, mem_len=8, pool=16, attended=8, kept=4, attn_span=32, device=META)
     model, step = (
