@@ -4,6 +4,7 @@
 import pytest
 import torch
 
+from longctx.methods.transformer_xl.memory import XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.slot_store import SlotAppender
 from longctx.methods.transformer_xl.trams import TramsSettings
@@ -16,7 +17,7 @@ def stream(P: int, n: int, keep: int, segments: int):
     reference = memory
     for _ in range(segments):
         new = torch.randn(2, n, 3, generator=g)
-        appender = SlotAppender(cursor, memory.shape[1], n, keep)
+        appender = SlotAppender(XLMemory.SLOTS, cursor, memory.shape[1], n, keep)
         joined = appender.extend("hidden", memory, new)
         expected = torch.cat([reference, new], dim=1)
         yield joined, expected, appender
@@ -92,3 +93,20 @@ def test_with_autograd_the_cache_concatenates_and_the_segment_keys_get_gradients
     out.hidden.sum().backward()
     w_k = model.layers[0].attn.qkv_net.weight.grad[32:64]
     assert w_k.abs().sum() > 0
+
+
+def test_a_memory_type_declares_its_own_fields_to_the_store():
+    """The store is not tied to XL's fields: a layout naming another field and slot dim appends it in
+    place as XL's are, and `SlotLayout.cat` forms the same tensor anew; a field the layout does not
+    declare is refused by name."""
+    from longctx.methods.transformer_xl.slot_store import SlotLayout
+
+    layout = SlotLayout({"summary": 2})
+    g = torch.Generator().manual_seed(0)
+    old, new = torch.randn(2, 3, 4, 5, generator=g), torch.randn(2, 3, 1, 5, generator=g)
+    appender = SlotAppender(layout, None, P=4, n=1, keep=4)
+    joined = appender.extend("summary", old, new)
+    assert torch.equal(joined, torch.cat([old, new], dim=2))
+    assert torch.equal(layout.cat("summary", old, new), joined)
+    with pytest.raises(KeyError, match="hidden"):
+        appender.extend("hidden", old, new)

@@ -20,13 +20,14 @@ memory's tensors are views of buffers that the next segment appends to in place 
 from __future__ import annotations
 
 from functools import partial
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from longctx.methods.fifo import evicted_count, fifo_append, split_evicted
-from longctx.methods.transformer_xl.slot_store import SlotAppender, SlotCursor
+from longctx.methods.transformer_xl.slot_store import SlotAppender, SlotCursor, SlotLayout
 
 
 class XLMemory(NamedTuple):
@@ -53,6 +54,11 @@ class XLMemory(NamedTuple):
     score_matrix: Tensor | None = None
     slots: SlotCursor | None = None
 
+    # The fields kept in slots and their slot dims: hidden (B, P, d), valid (B, P), keys and values
+    # kv (2, B, H, P, Dh) and score (L, B, H, P), all layers' in one buffer. (Not annotated: a class
+    # attribute, not a field.)
+    SLOTS = SlotLayout(MappingProxyType({"hidden": 1, "valid": 1, "kv": 3, "score": 3}))
+
     @property
     def key(self) -> list[Tensor] | None:
         """Per layer the cached keys (B, H, P, Dh), or None."""
@@ -65,7 +71,7 @@ class XLMemory(NamedTuple):
 
     def slot_appender(self, n: int, keep: int) -> SlotAppender:
         """The appender that forms [memory, segment] of this memory's cached tensors (`slot_store.py`)."""
-        return SlotAppender(self.slots, self.valid.shape[1], n, keep)
+        return SlotAppender(self.SLOTS, self.slots, self.valid.shape[1], n, keep)
 
 
 def empty_memory(

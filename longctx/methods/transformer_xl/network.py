@@ -30,7 +30,6 @@ from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
     sinusoid_positions,
 )
-from longctx.methods.transformer_xl.slot_store import cat_slots
 from longctx.methods.transformer_xl.trams import (
     TramsSelection,
     TramsSettings,
@@ -256,7 +255,7 @@ class TransformerXL(nn.Module):
         if cache_scores:  # score the segment's keys of every layer at once, append them to the cache
             S = memory.score_matrix if scores is not None else self._score_matrices(trams)
             pool = scores if scores is not None else torch.stack([a.score for a in attns])
-            join = appender.extend if appender is not None else cat_slots
+            join = appender.extend if appender is not None else XLMemory.SLOTS.cat
             score = join("score", pool, layer_scores([t[0, :, :, P:] for t in kv], S))
         new_memory = update_memory(memory, inputs, mem_len, kv, score, S, appender)
         return XLOutput(self.drop(h), new_memory, attns)

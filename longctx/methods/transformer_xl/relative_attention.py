@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel, flex_or_sdpa
 from longctx.methods.transformer_xl.flex_relative import distance_table, relative_flex_attention
-from longctx.methods.transformer_xl.slot_store import cat_slots
+from longctx.methods.transformer_xl.memory import XLMemory
 from longctx.methods.transformer_xl.trams import (
     TramsSelection,
     TramsSettings,
@@ -291,7 +291,7 @@ class RelMultiHeadAttention(nn.Module):
         slots and return them (`AttentionOutput.score`, to start the score cache; the segment's keys
         are scored by the network, all layers at once); extend: how the cached memory's keys and
         values are joined with the segment's, extend(field, memory's, segment's) (the network's
-        `SlotAppender`, in place), else `cat_slots`; selection: this layer's TRAMS window when the
+        `SlotAppender`, in place), else `XLMemory.SLOTS.cat`; selection: this layer's TRAMS window when the
         network selected every layer's from the score cache (`trams.select_windows`), else it is
         selected here."""
         B, n, _ = x.shape
@@ -300,7 +300,7 @@ class RelMultiHeadAttention(nn.Module):
         w_q, w_kv = self.qkv_net.weight[:HD], self.qkv_net.weight[HD:]
         x_in = self.layer_norm(x) if self.pre_lnorm else x
         q = self._heads(F.linear(x_in, w_q))  # (B, H, n, Dh); the code also projects the memory's queries
-        join = extend or cat_slots
+        join = extend or XLMemory.SLOTS.cat
         if mem_kv is not None:
             kv = join("kv", mem_kv, self._kv_heads(F.linear(x_in, w_kv)))
         else:

@@ -23,14 +23,24 @@ the gradient flows through.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-# The slot dim of each field: hidden (B, P, d), valid (B, P), keys and values kv (2, B, H, P, Dh),
-# and score (L, B, H, P), all layers' in one buffer.
-SLOT_DIM = {"hidden": 1, "valid": 1, "kv": 3, "score": 3}
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """The fields a memory type keeps in slots, and each one's slot dim (the memory type declares it,
+    e.g. `XLMemory.SLOTS`); `cat` joins a field's [old, new] as a new tensor, what
+    `SlotAppender.extend` forms in place."""
+
+    dims: Mapping[str, int]
+
+    def cat(self, name: str, old: Tensor, new: Tensor) -> Tensor:
+        """[old, new] along the field's slot dim, a new tensor."""
+        return torch.cat([old.to(new.dtype), new], dim=self.dims[name])
 
 
 @dataclass(eq=False)
@@ -66,19 +76,16 @@ class SlotCursor:
         )
 
 
-def cat_slots(name: str, old: Tensor, new: Tensor) -> Tensor:
-    """[old, new] along the field's slot dim, a new tensor (what `SlotAppender.extend` forms in place)."""
-    return torch.cat([old.to(new.dtype), new], dim=SLOT_DIM[name])
-
-
 class SlotAppender:
     """Forms [memory, segment] of each cached tensor of one memory for one forward of n new slots.
 
-    cursor: where the memory's slots lie (None: the memory has no store yet); P: the memory's slots;
-    keep: slots the next memory keeps (mem_len, or the TRAMS pool M).
+    layout: the memory type's fields and their slot dims; cursor: where the memory's slots lie (None:
+    the memory has no store yet); P: the memory's slots; keep: slots the next memory keeps (mem_len,
+    or the TRAMS pool M).
     """
 
-    def __init__(self, cursor: SlotCursor | None, P: int, n: int, keep: int) -> None:
+    def __init__(self, layout: SlotLayout, cursor: SlotCursor | None, P: int, n: int, keep: int) -> None:
+        self.layout = layout
         self.P, self.n = P, n
         self.source = None  # where the memory's slots are copied from when compacting in place
         newest = cursor is not None and cursor.newest()
@@ -111,7 +118,7 @@ class SlotAppender:
 
         old: the memory's P slots of field `name` (e.g. kv (2, B, H, P, Dh)); new: the segment's n.
         """
-        dim = SLOT_DIM[name]
+        dim = self.layout.dims[name]
         dtype = old.dtype if old.dtype == new.dtype else torch.promote_types(old.dtype, new.dtype)
         buf = self.store.buffers.get((name, layer))
         start = self.base - self.P  # where [old, new] starts in the buffer
