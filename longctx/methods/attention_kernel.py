@@ -20,12 +20,12 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, get_args
 
 import torch
 
 AttentionKernel = Literal["eager", "sdpa", "flex"]
-ATTENTION_KERNELS = ("eager", "sdpa", "flex")
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 # One compiled graph per shape: the memory filling (mem_len / n + 1 shapes), short last segments,
 # TRAMS windows; above Dynamo's default of 8 the kernel would silently run uncompiled.
 FLEX_RECOMPILE_LIMIT = 64
