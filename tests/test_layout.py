@@ -88,8 +88,21 @@ def test_every_method_folder_is_registered_with_its_module_and_tiny_recipe():
         module_class = method.module_class()
         assert issubclass(module_class, LMBase) and type(TINY[name].build()) is module_class, name
         config = yaml.safe_load((REPO / method.tiny_config).read_text())
-        assert config["model"]["class_path"] == method.module, method.tiny_config
-        assert config["data"].get("mode", "segments") == module_class.batch_mode, method.tiny_config
+        assert declared(config, "model.class_path") == method.module, method.tiny_config
+        assert declared(config, "data.mode", "segments") == module_class.batch_mode, method.tiny_config
+
+
+def declared(config: dict, key: str, default: object = None) -> object:
+    """The value a config file sets for a dotted key, written dotted (`model.class_path: X`) or nested
+    (`model: {class_path: X}`); `default` if it sets none."""
+    if key in config:
+        return config[key]
+    node: object = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
 
 
 # What a method may import from another method, name by name: Transformer-XL's pure-PyTorch parts, on

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +100,27 @@ def window_blocked(key_valid: Tensor, n: int, same_length: int | None = None) ->
     if same_length is not None:
         blocked = blocked | (dist >= same_length)
     return ~key_valid[:, :, None, :] | blocked
+
+
+class KeyWindow(NamedTuple):
+    """The keys a segment's n queries attend: [memory (or its TRAMS-selected window), segment].
+
+    k, v: (B, H, W, Dh); valid: (B, H|1, W) whether each key holds a token; r: (H, W, Dh) the
+    projected relative positions W−1 … 0 (the position term is rel_shift((q + v)·r)), or None when
+    bd is given; bd: (B, H, n, W) the position term itself (TRAMS's true positions), else None;
+    same_length: the keys-per-query limit of `window_blocked`, or None.
+    """
+
+    k: Tensor
+    v: Tensor
+    valid: Tensor
+    r: Tensor | None
+    bd: Tensor | None
+    same_length: int | None
+
+    def blocked(self, n: int) -> Tensor:
+        """The (query, key) pairs that may not attend: (B, H|1, n, W)."""
+        return window_blocked(self.valid, n, self.same_length)
 
 
 @dataclass
@@ -192,70 +214,53 @@ class RelMultiHeadAttention(nn.Module):
         r = self.r_net(pos_emb[pos_emb.shape[0] - W :])
         return r.view(W, self.n_heads, self.d_head).transpose(0, 1)
 
-    def _scores(
-        self, q: Tensor, k: Tensor, r: Tensor | None, bd: Tensor | None, u: Tensor, v: Tensor
-    ) -> Tensor:
+    def _scores(self, q: Tensor, window: KeyWindow, u: Tensor, vb: Tensor) -> Tensor:
         """(q + u)·k + rel_shift((q + v)·r), or + bd when the position term is given: (B, H, n, W)."""
-        ac = (q + u[:, None, :]) @ k.transpose(-1, -2)
+        ac = (q + u[:, None, :]) @ window.k.transpose(-1, -2)
+        bd = window.bd
         if bd is None:
-            bd = rel_shift((q + v[:, None, :]) @ r.transpose(-1, -2))
+            bd = rel_shift((q + vb[:, None, :]) @ window.r.transpose(-1, -2))
         return (ac + bd) * self.scale
 
-    def _fused(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        r: Tensor | None,
-        bd: Tensor | None,
-        u: Tensor,
-        vb: Tensor,
-        blocked: Tensor,
-    ) -> Tensor:
+    def _fused(self, q: Tensor, window: KeyWindow, u: Tensor, vb: Tensor) -> Tensor:
         """softmax([(q + u)·k + bd] / √Dh, −inf where blocked) @ v by one fused kernel: (B, H, n, Dh).
 
-        bd: the position term (B, H, n, W), else rel_shift((q + v)·r) (its garbage above the diagonal
-        is blocked, as in eager); it enters as the kernel's additive mask, scaled, −inf where blocked.
+        bd: the window's position term (B, H, n, W), else rel_shift((q + v)·r) (its garbage above the
+        diagonal is blocked, as in eager); it enters as the kernel's additive mask, scaled, −inf where
+        blocked.
         """
-        if bd is None:  # the scale folded into the (B, H, n, Dh) queries rather than the scores
-            bias = rel_shift(((q + vb[:, None, :]) * self.scale) @ r.transpose(-1, -2))
+        if window.bd is None:  # the scale folded into the (B, H, n, Dh) queries rather than the scores
+            bias = rel_shift(((q + vb[:, None, :]) * self.scale) @ window.r.transpose(-1, -2))
         else:
-            bias = bd * self.scale
-        bias.masked_fill_(blocked, float("-inf"))  # a fresh tensor: filled in place
+            bias = window.bd * self.scale
+        bias.masked_fill_(window.blocked(q.shape[2]), float("-inf"))  # a fresh tensor: filled in place
         dropout_p = self.dropatt.p if self.training else 0.0
         return F.scaled_dot_product_attention(
-            q + u[:, None, :], k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=self.scale
+            q + u[:, None, :],
+            window.k,
+            window.v,
+            attn_mask=bias.to(q.dtype),
+            dropout_p=dropout_p,
+            scale=self.scale,
         )
 
-    def _flex(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        r: Tensor | None,
-        bd: Tensor | None,
-        u: Tensor,
-        vb: Tensor,
-        key_valid: Tensor,
-        same_length: int | None,
-    ) -> Tensor:
+    def _flex(self, q: Tensor, window: KeyWindow, u: Tensor, vb: Tensor) -> Tensor:
         """The attention of `_fused` by compiled `flex_attention` (evaluation): (B, H, n, Dh).
 
         The position term enters unshifted, as the table ((q + v) / √Dh)·r of each query and
         distance that the kernel reads per pair, the causal and same_length masks as its −inf
         columns (`distance_table`), or bd / √Dh when given (TRAMS's true positions) with every mask
         as −inf; missing keys are masked by the kernel."""
-        if bd is None:  # the scale folded into the (B, H, n, Dh) queries, as in `_fused`
-            table = distance_table(((q + vb[:, None, :]) * self.scale) @ r.transpose(-1, -2), same_length)
+        if window.bd is None:  # the scale folded into the (B, H, n, Dh) queries, as in `_fused`
+            position = ((q + vb[:, None, :]) * self.scale) @ window.r.transpose(-1, -2)
+            table = distance_table(position, window.same_length)
             # A key missing (after a document reset): checked by the kernel (one more graph).
-            checked = None if key_valid.all() else key_valid
+            checked = None if window.valid.all() else window.valid
         else:
-            table = (bd * self.scale).masked_fill(
-                window_blocked(key_valid, q.shape[2], same_length), float("-inf")
-            )
+            table = (window.bd * self.scale).masked_fill(window.blocked(q.shape[2]), float("-inf"))
             checked = None
         return relative_flex_attention(
-            q + u[:, None, :], k, v, table.to(q.dtype), checked, self.scale, bd is None
+            q + u[:, None, :], window.k, window.v, table.to(q.dtype), checked, self.scale, window.bd is None
         )
 
     @staticmethod
@@ -307,42 +312,40 @@ class RelMultiHeadAttention(nn.Module):
             cat = torch.cat([mem, x], dim=1) if P else x  # (B, P + n, d)
             cat_in = self.layer_norm(cat) if self.pre_lnorm else cat
             kv = self._kv_heads(F.linear(cat_in, w_kv))
-        k, v = kv[0], kv[1]  # (B, H, P + n, Dh) each; kv is what a key/value cache keeps
         key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, n)], dim=1)[:, None, :]  # (B, 1, P + n)
         score = mem_score  # (B, H, P): each slot scored once, when it enters the pool (the score cache)
         if need_score and mem_score is None:
             if trams is None or not trams.scores_cacheable:
                 raise ValueError("need_score needs TRAMS with the 'code' or 'paper' metric")
             # Slots without a token score −inf: never preferred to real ones.
-            score = trams_scores(k[:, :, :P], self.query_weight(), trams.metric)
+            score = trams_scores(kv[0, :, :, :P], self.query_weight(), trams.metric)
             score = score.masked_fill(~key_valid[..., :P], float("-inf"))
         selected = None
+        # kv[0], kv[1]: (B, H, P + n, Dh) each; kv is what a key/value cache keeps
+        window = KeyWindow(kv[0], kv[1], key_valid, None, None, same_length)
         if trams is not None and P > 0:
-            selected, k, v, key_valid, bd = self._trams_window(
+            selected, window = self._trams_window(
                 q, kv, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length, score, selection
             )
-            same_length = trams.attended if same_length is not None else None
-        else:
-            bd = None
-        W = k.shape[2]
-        r = self._positions(pos_emb, W) if bd is None else None
+        W = window.k.shape[2]
+        if window.bd is None:
+            window = window._replace(r=self._positions(pos_emb, W))
         probs = mem_mass = None
         # Under torch.compile the eager ops are compiled (inductor fuses them): compiling the fused
         # path's training graph did not finish in 20 min on the 2-core CPU (eager's: about 2 min).
         fused = self.attention != "eager" and not torch.compiler.is_compiling()
         kernel = "eager"
-        if fused and not (need_mass or need_weights) and same_length != 0:
+        if fused and not (need_mass or need_weights) and window.same_length != 0:
             kernel = flex_or_sdpa(self.attention, torch.is_grad_enabled() and q.requires_grad)
         if kernel == "flex":
-            attn = self._flex(q, k, v, r, bd, r_w_bias, r_r_bias, key_valid, same_length)  # (B, H, n, Dh)
+            attn = self._flex(q, window, r_w_bias, r_r_bias)  # (B, H, n, Dh)
         elif kernel == "sdpa":
-            blocked = window_blocked(key_valid, n, same_length)
-            attn = self._fused(q, k, v, r, bd, r_w_bias, r_r_bias, blocked)  # (B, H, n, Dh)
+            attn = self._fused(q, window, r_w_bias, r_r_bias)  # (B, H, n, Dh)
         else:
-            blocked = window_blocked(key_valid, n, same_length)
-            probs = self._softmax(self._scores(q, k, r, bd, r_w_bias, r_r_bias), blocked)  # (B, H, n, W)
+            scores = self._scores(q, window, r_w_bias, r_r_bias)  # (B, H, n, W)
+            probs = self._softmax(scores, window.blocked(n))  # (B, H, n, W)
             mem_mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
-            attn = self.dropatt(probs).to(v.dtype) @ v  # (B, H, n, Dh)
+            attn = self.dropatt(probs).to(window.v.dtype) @ window.v  # (B, H, n, Dh)
         out = self.drop(self.o_net(attn.transpose(1, 2).reshape(B, n, -1)))
         out = x + out if self.pre_lnorm else self.layer_norm(x + out)
         return AttentionOutput(
@@ -369,17 +372,18 @@ class RelMultiHeadAttention(nn.Module):
         same_length: int | None,
         score: Tensor | None = None,
         selection: TramsSelection | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    ) -> tuple[Tensor, KeyWindow]:
         """Select the attended window [selected, kept, segment] of the pool (per batch row and head).
 
         score: the slots' TRAMS scores (B, H, >= P − kept), −inf where a slot holds no token, when
         known (the score cache), else the selectable slots are scored here; selection: the window
         already selected (from the score cache, by the network). Returns the selected pool
-        indices (B, H, k) and the window's keys, values (B, H, W, Dh), key validity (B, H, W) and,
-        for true positions, the position term (B, H, n, W) (None for compact positions: the caller
-        uses the last W sinusoid rows). The window's keys and values are one `index_select` of their
-        W rows each (`gather_rows`), from the cache's buffer or this segment's projection: on CPU
-        faster than gathering the k selected rows and concatenating the kept block.
+        indices (B, H, k) and the `KeyWindow`: keys, values (B, H, W, Dh), key validity (B, H, W),
+        for true positions the position term bd (B, H, n, W) (None for compact positions: the caller
+        projects the last W sinusoid rows as r), and same_length m (the attended keys) if set. The
+        window's keys and values are one `index_select` of their W rows each (`gather_rows`), from
+        the cache's buffer or this segment's projection: on CPU faster than gathering the k selected
+        rows and concatenating the kept block.
         """
         n = q.shape[2]
         k = kv[0]  # (B, H, P + n, Dh)
@@ -391,8 +395,8 @@ class RelMultiHeadAttention(nn.Module):
             full_bd = rel_shift((q + vb[:, None, :]) @ r_full.transpose(-1, -2))  # (B, H, n, P + n)
         if selection is None:
             if trams.metric == "oracle":
-                scores = self._scores(q, k, None, full_bd, u, vb)
-                probs = self._softmax(scores, window_blocked(key_valid, n, same_length))
+                pool = KeyWindow(k, kv[1], key_valid, None, full_bd, same_length)
+                probs = self._softmax(self._scores(q, pool, u, vb), pool.blocked(n))
                 metric = oracle_scores(probs, n_selectable)
             elif score is not None:  # cached: already −inf where a slot holds no token
                 metric = score[..., :n_selectable]
@@ -401,9 +405,10 @@ class RelMultiHeadAttention(nn.Module):
             if score is None:  # missing slots (empty memory of a reset row) are never preferred
                 metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
             selection = select_windows(metric, key_valid[:, 0], trams, n)
-        selected, window, valid_w = selection
-        k_w, v_w = gather_rows(window, kv)  # one index_select for both, the kept block included
+        selected, rows, valid_w = selection  # rows: (B, H, W) the window's positions in [pool, segment]
+        k_w, v_w = gather_rows(rows, kv)  # one index_select for both, the kept block included
         bd = None
         if trams.positions == "true":
-            bd = full_bd.gather(3, window[:, :, None, :].expand(-1, -1, n, -1))
-        return selected, k_w, v_w, valid_w, bd
+            bd = full_bd.gather(3, rows[:, :, None, :].expand(-1, -1, n, -1))
+        window_same_length = trams.attended if same_length is not None else None
+        return selected, KeyWindow(k_w, v_w, valid_w, None, bd, window_same_length)
