@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from longctx.callbacks import UpdateEveryAfter
 from longctx.parse_errors import ParseError
+from tests.lm_fixtures import cpu_trainer
 
 
 class OneWeight(pl.LightningModule):
@@ -35,26 +36,17 @@ class OneWeight(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1.0)
 
 
-def fit(callbacks: list[pl.Callback], batches: int = 12, **trainer_args: object) -> tuple[int, list[float]]:
-    """The number of updates of one epoch of `batches` batches 1, 2, …, and w after each batch."""
+def fit(tmp_path: Path, callbacks: list[pl.Callback], **trainer_args: object) -> tuple[int, list[float]]:
+    """The number of updates of one epoch of 12 batches 1, 2, …, 12, and w after each batch."""
     module = OneWeight()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-        **trainer_args,
-    )
-    data = DataLoader([torch.tensor(float(i + 1)) for i in range(batches)], batch_size=None)
+    trainer = cpu_trainer(tmp_path, max_epochs=1, callbacks=callbacks, **trainer_args)
+    data = DataLoader([torch.tensor(float(i + 1)) for i in range(12)], batch_size=None)
     trainer.fit(module, data)
     return trainer.global_step, module.weights
 
 
-def test_updates_every_batch_then_every_fourth_with_the_mean_gradient():
-    updates, weights = fit([UpdateEveryAfter(after=4, every=4)])
+def test_updates_every_batch_then_every_fourth_with_the_mean_gradient(tmp_path):
+    updates, weights = fit(tmp_path, [UpdateEveryAfter(after=4, every=4)])
     assert updates == 4 + 8 // 4
     # Batches 1-4 update alone (w -= 1, 2, 3, 4), then batches 5-8 and 9-12 as one update each with
     # the mean of their gradients (6.5, 10.5): w is constant inside a window.
@@ -62,15 +54,15 @@ def test_updates_every_batch_then_every_fourth_with_the_mean_gradient():
     assert weights == pytest.approx(expected)
 
 
-def test_without_it_every_batch_updates():
-    assert fit([])[0] == 12
+def test_without_it_every_batch_updates(tmp_path):
+    assert fit(tmp_path, [])[0] == 12
 
 
-def test_bad_settings_stop_fit_with_a_parse_error_naming_them():
+def test_bad_settings_stop_fit_with_a_parse_error_naming_them(tmp_path):
     with pytest.raises(ParseError, match=r"after >= 0 and every >= 1, got after=60000, every=0"):
-        fit([UpdateEveryAfter(every=0)])
+        fit(tmp_path, [UpdateEveryAfter(every=0)])
     with pytest.raises(ParseError, match=r"got after=-1, every=4"):
-        fit([UpdateEveryAfter(after=-1)])
+        fit(tmp_path, [UpdateEveryAfter(after=-1)])
 
 
 @pytest.mark.slow  # ~6 s: a `python -m longctx fit` process
