@@ -9,6 +9,8 @@
   by the CLI).
 - `RunRecord` (+ `recorded`): `summary.json` and `metrics.jsonl` in the run directory (registered by
   the CLI; read by `python -m longctx report` and the sweep runner).
+- `UpdateEveryAfter`: an update every `every` batches once `after` updates are done (Rae et al. 2020's
+  late-training schedule; opt in: `trainer.callbacks`).
 - `TokenNLLWriter` (`longctx.callbacks.token_nll`): `token_nll.npz`, every scored target's NLL
   (added by the CLI's `--write_token_nll true`).
 """
@@ -18,6 +20,7 @@ from longctx.callbacks.divergence import DivergenceError, StopOnDivergence
 from longctx.callbacks.progress import ProgressLog
 from longctx.callbacks.run_record import RunRecord, recorded
 from longctx.callbacks.sigterm import CheckpointOnSigterm
+from longctx.callbacks.update_every import UpdateEveryAfter
 
 __all__ = [
     "CheckpointOnSigterm",
@@ -26,5 +29,6 @@ __all__ = [
     "ProgressLog",
     "RunRecord",
     "StopOnDivergence",
+    "UpdateEveryAfter",
     "recorded",
 ]

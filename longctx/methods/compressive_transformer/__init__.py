@@ -1,7 +1,9 @@
-"""The Compressive Transformer (Rae, Potapenko, Jayakumar, Lillicrap, "Compressive Transformers for
-Long-Range Sequence Modelling", ICLR 2020, arXiv 1911.05507): Transformer-XL whose evicted memories
+"""The Compressive Transformer (Rae, Potapenko, Jayakumar, Hillier, Lillicrap, "Compressive Transformers
+for Long-Range Sequence Modelling", ICLR 2020, arXiv 1911.05507): Transformer-XL whose evicted memories
 are compressed into a second, coarser memory instead of being discarded. No official code was
-released; the paper (§3, Algorithm 1) is the reference.
+released; the paper is the reference: §3.1 and Algorithm 1 (the model, its two memories), §3.2 (the
+compression functions and losses, Algorithm 2 the attention-reconstruction loss), §5 (the training
+recipe and the experiments: §5.1 PG-19, §5.2 enwik8, §5.3 WikiText-103; Appendix B the model sizes).
 
 Notation (the paper's symbols and where they live; files of this folder):
 

@@ -1,9 +1,10 @@
-"""Compression functions f_c (Rae et al. 2020, §3.1): e = k·c evicted states -> k compressed ones.
+"""Compression functions f_c (Rae et al. 2020, §3.1; the choices §3.2): e = k·c evicted states -> k
+compressed ones.
 
 One f_c per layer. The paper's choices, all with rate c:
 - `max_pool`, `mean_pool`: pooling with kernel = stride = c;
 - `conv`: a 1-D convolution with kernel = stride = c (d -> d channels, with bias): the paper's best
-  on enwik8 and WikiText-103, and the default;
+  on enwik8 (Table 5) and WikiText-103 (§5.3), and the default;
 - `dilated_conv`: the paper names dilated convolutions without their shape; here, within each group
   of c states, a causal stack of ceil(log2 c) kernel-2 convolutions with dilations 1, 2, 4, … (ReLU
   between them) whose last output, which sees the whole group, is the compressed state;

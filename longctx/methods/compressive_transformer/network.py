@@ -10,7 +10,7 @@ class is a `TransformerXL` plus one f_c per layer (`compressors`), so its state 
 
 After the segment the memory is updated first-in first-out (`memory.py`); the evicted states are
 compressed by f_c and appended to the compressed memory. f_c is trained only by the
-attention-reconstruction loss (§3.2, Algorithm 1):
+attention-reconstruction loss (§3.2, Algorithm 2):
 
     L^attn = Σ_layers ‖attn(h, old_mem) − attn(h, f_c(old_mem))‖²
 
@@ -209,8 +209,9 @@ class CompressiveTransformer(TransformerXL):
 
 
 def content_attention(attn: RelMultiHeadAttention, query: Tensor, memory: Tensor, valid: Tensor) -> Tensor:
-    """attn(h, mem) of §3.2 with the layer's weights detached: per head softmax(q kᵀ/√d_head) v over the
-    valid memory slots, (B, H, n, Dh); LayerNorm first under pre-LN, as the layer does."""
+    """attn(h, mem) of §3.2 (Algorithm 2) with the layer's weights detached: per head
+    softmax(q kᵀ/√d_head) v over the valid memory slots, (B, H, n, Dh); LayerNorm first under pre-LN,
+    as the layer does."""
     H, Dh = attn.n_heads, attn.d_head
     w_q, w_k, w_v = (
         w.detach().flatten(0, 1) for w in (attn.query_weight(), attn.key_weight(), attn.value_weight())
