@@ -126,7 +126,12 @@ def ddp_rank(rank: int, port: int, batch: dict, out: str) -> None:
     (model(rows) * 2).backward()  # DDP averages: ×2 makes it the sum over both ranks' rows
     if rank == 0:
         torch.save({k: p.grad for k, p in model.module.named_parameters()}, out)
-    dist.destroy_process_group()
+    dist.barrier()  # both ranks done with every collective
+    # Exit without tearing DDP down. Its Reducer, freed with the GIL held, dropped the last reference
+    # to the gloo process group, whose destructor joins a worker thread that was itself waiting for
+    # the GIL (to free a finished all-reduce's thread-local state): a deadlock that hung one CI run
+    # (torch 2.13, stacks read with py-spy).
+    os._exit(0)
 
 
 @pytest.mark.slow
