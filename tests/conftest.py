@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,6 +56,18 @@ def _wandb_folders_restored() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_run_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An in-process `fit` leaves its W&B run active (a CLI process would end with it): finish it with
+    its test, or a later test's `report` logs into it and W&B writes its files relative to the
+    working folder, the repository's. Asks for `monkeypatch` so that this runs before a test's
+    `chdir` is undone."""
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and isinstance(wandb.run, wandb.sdk.wandb_run.Run):  # not a test's stand-in
+        wandb.run.finish()
 
 
 @pytest.hookimpl(tryfirst=True)
