@@ -64,7 +64,7 @@ part() {
 
 workers=()
 if "$PYTHON" -c "import xdist" 2>/dev/null; then
-    workers=(-n 4)  # compiles run side by side on the host's cores (147 s instead of minutes on an H100)
+    workers=(-n 4)  # compiles run side by side on the host's cores (serially the tier took 146 s on an H100)
 fi
 part 1-tests 300 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider -rs "${workers[@]}"
 part 2-attention 60 "$PYTHON" benchmarks/attention.py --device cuda --batch 16 --tgt_len 128

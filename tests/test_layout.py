@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from longctx import run_layout
 from longctx.core.base import LMBase
 from longctx.methods import registry
 from tests.methods import TINY
+from tests.test_configs import load_expected
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = sorted(p for p in (REPO / "longctx" / "methods").iterdir() if (p / "__init__.py").is_file())
@@ -87,22 +87,10 @@ def test_every_method_folder_is_registered_with_its_module_and_tiny_recipe():
         assert method.module.startswith(f"longctx.methods.{name}.module."), name
         module_class = method.module_class()
         assert issubclass(module_class, LMBase) and type(TINY[name].build()) is module_class, name
-        config = yaml.safe_load((REPO / method.tiny_config).read_text())
-        assert declared(config, "model.class_path") == method.module, method.tiny_config
-        assert declared(config, "data.mode", "segments") == module_class.batch_mode, method.tiny_config
-
-
-def declared(config: dict, key: str, default: object = None) -> object:
-    """The value a config file sets for a dotted key, written dotted (`model.class_path: X`) or nested
-    (`model: {class_path: X}`); `default` if it sets none."""
-    if key in config:
-        return config[key]
-    node: object = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
+        # Its resolved values, bases included (tests/test_configs.py checks they are the config's).
+        resolved = load_expected(Path(method.tiny_config).stem)
+        assert resolved["model.class_path"] == method.module, method.tiny_config
+        assert resolved["data.mode"] == module_class.batch_mode, method.tiny_config
 
 
 # What a method may import from another method, name by name: Transformer-XL's pure-PyTorch parts, on
