@@ -277,7 +277,7 @@ def tiny(**kwargs) -> CompressiveTransformerLM:
 
 
 def test_module_evaluates_with_its_own_memory_sizes():
-    model = tiny(eval_mem_len=6, eval_cmem_len=3).eval()
+    model = tiny(eval_mem_len=6, eval_cmem_len=3, log_compressed_attention=True).eval()
     batch = {"input": torch.randint(0, 64, (2, 4)), "target": torch.randint(0, 64, (2, 4))}
     memory = model.init_memory(2)
     with torch.no_grad():
@@ -288,6 +288,8 @@ def test_module_evaluates_with_its_own_memory_sizes():
     assert out.extra_loss is None  # evaluation: the reconstruction loss is logged, not trained
     assert {"reconstruction_loss", "compressed_mass", "compressed_mass_layer1"} <= out.logs.keys()
     assert 0 < out.logs["compressed_mass"] < 1
+    model.log_compressed_attention = False  # the default: no probabilities asked, fused attention
+    assert "compressed_mass" not in model.step(batch, memory).logs
 
 
 def test_gradient_norm_clipping_clips_the_main_network_and_f_c_apart():
@@ -306,7 +308,7 @@ def test_gradient_norm_clipping_clips_the_main_network_and_f_c_apart():
 
 def test_lightning_fit_and_validate_log_the_reconstruction_and_compressed_attention(tmp_path):
     data = SyntheticData(n_tokens=401, batch_size=2, seq_len=8, eval_batch_size=2)
-    model = tiny(reconstruction_weight=2.0)
+    model = tiny(reconstruction_weight=2.0, log_compressed_attention=True)
     trainer = cpu_trainer(tmp_path, max_steps=4, limit_val_batches=0, gradient_clip_val=0.25)
     trainer.fit(model, datamodule=data)
     metrics = cpu_trainer(tmp_path, limit_val_batches=6).validate(model, datamodule=data, verbose=False)[0]
@@ -379,7 +381,7 @@ def test_the_logger_receives_the_reconstruction_loss_and_each_layers_compressed_
     trainer = cpu_trainer(
         tmp_path, max_steps=4, limit_val_batches=6, val_check_interval=4, log_every_n_steps=1, logger=logger
     )
-    trainer.fit(tiny(), datamodule=data)
+    trainer.fit(tiny(log_compressed_attention=True), datamodule=data)
     train = [m for m in logger.logged if "train/loss" in m]
     assert len(train) == 4 and all(m["train/reconstruction_loss"] >= 0 for m in train)
     assert any(m["train/reconstruction_loss"] > 0 for m in train)  # f_c learns once memories overflow
