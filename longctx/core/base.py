@@ -35,6 +35,7 @@ from torchmetrics import SumMetric
 
 from longctx.core import rng_state
 from longctx.core.data_facts import BatchMode, LMDataFacts, check_data_facts
+from longctx.core.knob_groups import plain
 from longctx.core.token_nll import TokenNLLCollector
 
 # A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
@@ -117,10 +118,26 @@ class LMBase(pl.LightningModule):
     def save_hyperparameters(
         self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None, logger: bool = True
     ) -> None:
-        """Lightning's, called from a method's `__init__`, never saving `UNSAVED_HPARAMS`."""
+        """Lightning's, called from a method's `__init__`, never saving `UNSAVED_HPARAMS`.
+
+        Knob groups (dataclasses, `longctx.core.knob_groups`) are saved as dicts of plain values, so
+        `torch.load(weights_only=True)` reads the checkpoint; flat keywords the module folded into
+        its groups (`**flat`) are not saved again beside them.
+        """
         ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
         frame = frame or inspect.currentframe().f_back  # the subclass's __init__, not this method
         super().save_hyperparameters(*args, ignore=[*ignore, *UNSAVED_HPARAMS], frame=frame, logger=logger)
+        params = inspect.signature(type(self).__init__).parameters.values()
+        named = {p.name for p in params if p.kind is not p.VAR_KEYWORD}
+        takes_flat = any(p.kind is p.VAR_KEYWORD for p in params)
+        for store in (self._hparams, self._hparams_initial):
+            for key in list(store):
+                # A flat knob, already folded into its group (keys like LightningCLI's `_class_path`
+                # are Lightning's own).
+                if takes_flat and key not in named and not key.startswith("_"):
+                    del store[key]
+                else:
+                    store[key] = plain(store[key])
 
     # ------------------------------------------------------------------ method hooks
     def init_memory(self, batch_size: int) -> Memory:

@@ -23,7 +23,7 @@ averaged over layers, heads, queries and rows, and `compressed_mass_layer{i}`.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from typing import Any
 
 import torch
@@ -43,9 +43,7 @@ from longctx.methods.transformer_xl.network import TransformerXL
 
 # The arguments of `TransformerXL` that this module takes under the same names.
 XL_NETWORK_KNOBS = tuple(
-    name
-    for name in inspect.signature(TransformerXL).parameters
-    if name not in ("vocab_size", "layer_norm_eps")
+    f.name for f in dataclasses.fields(TransformerXL.Config) if f.name != "layer_norm_eps"
 )
 
 

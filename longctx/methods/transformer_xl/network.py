@@ -14,14 +14,15 @@ N(0, proj_init_std) for adaptive projections, N(1, init_std) for LayerNorm weigh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.core.knob_groups import network_config
 from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
 from longctx.methods.transformer_xl.adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.memory import XLMemory, empty_memory, update_memory, zero_memory
@@ -63,26 +64,75 @@ class PositionwiseFF(nn.Module):
         return self.layer_norm(x + self.drop(self.fc2(self.drop(F.relu(self.fc1(x))))))
 
 
+@dataclass(frozen=True)
+class TransformerXLConfig:
+    """Transformer-XL's network knobs, their one source (`TransformerXL.Config`; issue 21).
+
+    n_layers, d_model, n_heads, d_inner: sizes (wt103 base: 16, 410, 10, 2100; enwik8 base: 12, 512,
+        8, 2048).
+    d_head: per-head size (None: d_model // n_heads; the code's `d_head`).
+    d_embed: embedding size before the adaptive projection (None: d_model).
+    dropout, dropatt: residual/embedding/feed-forward dropout (0.1) and attention dropout (0.0).
+    pre_lnorm: LayerNorm before the sub-layers instead of after (the code's scripts all use post-LN).
+    cutoffs, div_val: adaptive input/softmax (wt103: [20000, 40000, 200000], div_val 1); no cutoffs =
+        a full softmax (enwik8).
+    tie_weight: share output word vectors with the input embedding.
+    tie_projs: per cluster, share the output projection with the input one (wt103 code:
+        [False, True, True, True]); None: all but the head.
+    init_std, proj_init_std: initialisation (code: 0.02, 0.01).
+    layer_norm_eps: LayerNorm epsilon (1e-5).
+    untie_r: one pair u, v per layer (Hugging Face's `untie_r`, as transfo-xl-wt103 and the TF code's
+        `untie_r`) instead of kimiyoung's PyTorch pair shared by all layers.
+    attention: "sdpa" (one fused kernel, default), "eager" (op by op, as the code) or "flex"
+        (compiled flex_attention at evaluation, sdpa in training); equal to float rounding
+        (`relative_attention`).
+    """
+
+    n_layers: int = 16
+    d_model: int = 410
+    n_heads: int = 10
+    d_inner: int = 2100
+    d_head: int | None = None
+    d_embed: int | None = None
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    pre_lnorm: bool = False
+    cutoffs: tuple[int, ...] = ()
+    div_val: int = 1
+    tie_weight: bool = True
+    tie_projs: tuple[bool, ...] | None = None
+    init_std: float = 0.02
+    proj_init_std: float = 0.01
+    layer_norm_eps: float = 1e-5
+    untie_r: bool = False
+    attention: AttentionKernel = "sdpa"
+
+    def __post_init__(self) -> None:
+        check_attention_kernel(self.attention)
+        if self.d_model % 2:
+            raise ValueError(f"d_model ({self.d_model}) must be even (sin and cos halves of the sinusoid)")
+        object.__setattr__(self, "cutoffs", tuple(self.cutoffs or ()))  # lists from Python callers
+        if self.tie_projs is not None:
+            object.__setattr__(self, "tie_projs", tuple(self.tie_projs))
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_head or self.d_model // self.n_heads
+
+    def build(self, vocab_size: int) -> TransformerXL:
+        return TransformerXL(vocab_size, self)
+
+
 class XLBlock(nn.Module):
     """Relative attention then feed-forward (the code's `RelPartialLearnableDecoderLayer`)."""
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_head: int,
-        d_inner: int,
-        dropout: float,
-        dropatt: float,
-        pre_lnorm: bool,
-        layer_norm_eps: float,
-        attention: AttentionKernel = "sdpa",
-    ) -> None:
+    def __init__(self, config: TransformerXLConfig) -> None:
         super().__init__()
+        c = config
         self.attn = RelMultiHeadAttention(
-            d_model, n_heads, d_head, dropout, dropatt, pre_lnorm, layer_norm_eps, attention
+            c.d_model, c.n_heads, c.head_dim, c.dropout, c.dropatt, c.pre_lnorm, c.layer_norm_eps, c.attention
         )
-        self.ff = PositionwiseFF(d_model, d_inner, dropout, pre_lnorm, layer_norm_eps)
+        self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
 
     def forward(self, x: Tensor, *args, **kwargs) -> tuple[Tensor, AttentionOutput]:
         attn = self.attn(x, *args, **kwargs)
@@ -102,70 +152,32 @@ class XLOutput:
 class TransformerXL(nn.Module):
     """Transformer-XL language model (network only; the losses come from `nll`).
 
-    Args:
-        vocab_size, n_layers, d_model, n_heads, d_inner: sizes (wt103 base: 16, 410, 10, 2100).
-        d_head: per-head size (default d_model // n_heads; the code's `d_head`).
-        d_embed: embedding size before the adaptive projection (default d_model).
-        dropout, dropatt: residual/embedding/feed-forward dropout and attention dropout.
-        pre_lnorm: LayerNorm before the sub-layers instead of after.
-        cutoffs, div_val: adaptive input/softmax (wt103: [20000, 40000, 200000], div_val 1);
-            no cutoffs = a full softmax (enwik8).
-        tie_weight: share output word vectors with the input embedding.
-        tie_projs: per cluster, share the output projection with the input one (wt103 code:
-            [False, True, True, True]); default: all but the head.
-        init_std, proj_init_std: initialisation (code: 0.02, 0.01).
-        untie_r: one pair u, v per layer (Hugging Face's `untie_r`, as transfo-xl-wt103 and the TF
-            code's `untie_r`) instead of kimiyoung's PyTorch pair shared by all layers.
-        attention: "sdpa" (one fused kernel, default), "eager" (op by op, as the code) or "flex"
-            (compiled flex_attention at evaluation, sdpa in training); equal to float rounding
-            (`relative_attention`).
+    `TransformerXL(vocab_size, config)` with a `TransformerXL.Config`, or `TransformerXL(vocab_size,
+    n_layers, d_model, ..., attention=...)` with its fields as arguments (in the Config's order).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        n_layers: int = 16,
-        d_model: int = 410,
-        n_heads: int = 10,
-        d_inner: int = 2100,
-        d_head: int | None = None,
-        d_embed: int | None = None,
-        dropout: float = 0.1,
-        dropatt: float = 0.0,
-        pre_lnorm: bool = False,
-        cutoffs: Sequence[int] = (),
-        div_val: int = 1,
-        tie_weight: bool = True,
-        tie_projs: Sequence[bool] | None = None,
-        init_std: float = 0.02,
-        proj_init_std: float = 0.01,
-        layer_norm_eps: float = 1e-5,
-        untie_r: bool = False,
-        attention: AttentionKernel = "sdpa",
-    ) -> None:
+    Config = TransformerXLConfig
+
+    def __init__(self, vocab_size: int, *knobs: Any, **named_knobs: Any) -> None:
         super().__init__()
-        check_attention_kernel(attention)
-        self.attention = attention
-        d_head = d_head or d_model // n_heads
-        d_embed = d_embed or d_model
-        if d_model % 2:
-            raise ValueError(f"d_model ({d_model}) must be even (sin and cos halves of the sinusoid)")
+        self.config = config = network_config(TransformerXLConfig, knobs, named_knobs)
+        self.attention = config.attention
+        d_model, n_heads, n_layers = config.d_model, config.n_heads, config.n_layers
+        d_head = config.head_dim
+        d_embed = config.d_embed or d_model
         self.n_layers, self.d_model, self.n_heads, self.d_head = n_layers, d_model, n_heads, d_head
+        cutoffs, div_val = config.cutoffs, config.div_val
         self.word_emb = AdaptiveEmbedding(vocab_size, d_embed, d_model, cutoffs, div_val)
         self.crit = ProjectedAdaptiveLogSoftmax(vocab_size, d_embed, d_model, cutoffs, div_val)
-        self.drop = nn.Dropout(dropout)
-        self.untie_r = untie_r
-        bias_shape = (n_layers, n_heads, d_head) if untie_r else (n_heads, d_head)
+        self.drop = nn.Dropout(config.dropout)
+        self.untie_r = config.untie_r
+        bias_shape = (n_layers, n_heads, d_head) if self.untie_r else (n_heads, d_head)
         self.r_w_bias = nn.Parameter(torch.empty(bias_shape))  # u (per layer with untie_r)
         self.r_r_bias = nn.Parameter(torch.empty(bias_shape))  # v
-        self.layers = nn.ModuleList(
-            XLBlock(d_model, n_heads, d_head, d_inner, dropout, dropatt, pre_lnorm, layer_norm_eps, attention)
-            for _ in range(n_layers)
-        )
-        self._init_weights(init_std, proj_init_std)
-        if tie_projs is None:
-            tie_projs = [False] + [True] * len(cutoffs)
-        self.crit.tie_to(self.word_emb, tie_weight, tie_projs)
+        self.layers = nn.ModuleList(XLBlock(config) for _ in range(n_layers))
+        self._init_weights(config.init_std, config.proj_init_std)
+        tie_projs = config.tie_projs if config.tie_projs is not None else [False] + [True] * len(cutoffs)
+        self.crit.tie_to(self.word_emb, config.tie_weight, list(tie_projs))
 
     @torch.no_grad()
     def _init_weights(self, std: float, proj_std: float) -> None:

@@ -1,0 +1,109 @@
+"""Knob groups (`longctx.core.knob_groups`): a module's knobs as dataclasses, from dicts and flat keywords."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from longctx.core.base import LMBase
+from longctx.core.knob_groups import as_group, fold_flat, network_config
+from longctx.methods.transformer_xl.network import TransformerXL
+
+
+@dataclass(frozen=True)
+class Sizes:
+    d_model: int = 8
+    n_layers: int = 2
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    mem_len: int | None = None
+    same_length: bool | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    attended: int  # required: the switch
+    metric: str = "code"
+
+
+class Knobbed(LMBase):
+    def __init__(
+        self,
+        vocab_size: int = 5,
+        network: Sizes = Sizes(),
+        evaluation: Evaluation = Evaluation(),
+        selection: Selection | None = None,
+        protocol: str = "xl",
+        **flat,
+    ) -> None:
+        groups = fold_flat(
+            Knobbed.__init__,
+            dict(network=network, evaluation=evaluation, selection=selection),
+            flat,
+            prefixes={"evaluation": "eval_", "selection": "sel_"},
+        )
+        network, evaluation, selection = groups["network"], groups["evaluation"], groups["selection"]
+        super().__init__(vocab_size=vocab_size)
+        self.save_hyperparameters()
+        self.groups = groups
+        self.layer = torch.nn.Linear(network.d_model, network.d_model)
+
+
+def test_flat_keywords_land_in_their_groups_after_the_prefix():
+    model = Knobbed(d_model=4, eval_mem_len=7, protocol="trams")
+    assert model.groups["network"] == Sizes(d_model=4, n_layers=2)
+    assert model.groups["evaluation"] == Evaluation(mem_len=7)
+    assert model.groups["selection"] is None
+
+
+def test_an_optional_group_is_switched_on_only_by_its_required_fields():
+    # Checkpoints of earlier versions hold every flat knob, the switch None among them: still off.
+    assert Knobbed(sel_attended=None, sel_metric="code").groups["selection"] is None
+    assert Knobbed(sel_attended=3).groups["selection"] == Selection(attended=3)
+    on = Knobbed(selection={"attended": 2, "metric": "paper"}, sel_metric="oracle")
+    assert on.groups["selection"] == Selection(attended=2, metric="oracle")  # flat overrides the group
+
+
+def test_an_unknown_keyword_is_refused_as_python_refuses_it():
+    with pytest.raises(TypeError, match="Knobbed\\(\\) got an unexpected keyword argument 'mem_len'"):
+        Knobbed(mem_len=3)  # evaluation's field, but only under its prefix
+
+
+def test_groups_are_saved_as_plain_dicts_and_load_back():
+    model = Knobbed(d_model=4, eval_mem_len=7, selection=Selection(attended=3))
+    assert model.hparams["network"] == {"d_model": 4, "n_layers": 2}
+    assert model.hparams["selection"] == {"attended": 3, "metric": "code"}
+    assert "d_model" not in model.hparams and "eval_mem_len" not in model.hparams  # folded, not repeated
+    buffer = io.BytesIO()
+    torch.save({"hyper_parameters": dict(model.hparams)}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)["hyper_parameters"]  # plain values only
+    again = Knobbed(**saved)
+    assert again.groups == model.groups
+
+
+def test_as_group_reads_a_dataclass_a_dict_or_none():
+    assert as_group(Sizes, None) is None
+    assert as_group(Sizes, {"d_model": 3}) == Sizes(d_model=3)
+    with pytest.raises(TypeError, match="expected a Sizes"):
+        as_group(Sizes, 3)
+
+
+def test_a_network_takes_its_config_or_its_fields_alike():
+    config = TransformerXL.Config(n_layers=2, d_model=16, n_heads=2, d_inner=32, cutoffs=[4, 8])
+    assert config.cutoffs == (4, 8)  # frozen: lists become tuples
+    torch.manual_seed(0)
+    built = config.build(20)
+    torch.manual_seed(0)
+    positional = TransformerXL(20, 2, 16, 2, 32, cutoffs=[4, 8])
+    assert built.config == positional.config == network_config(TransformerXL.Config, (config,), {})
+    assert built.state_dict().keys() == positional.state_dict().keys()
+    for name, tensor in built.state_dict().items():
+        torch.testing.assert_close(tensor, positional.state_dict()[name], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="must be even"):
+        TransformerXL.Config(d_model=15)
