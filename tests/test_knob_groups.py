@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
 
 from longctx.core.base import LMBase
-from longctx.core.knob_groups import as_group, fold_flat, network_config
+from longctx.core.knob_groups import as_group, network_config
 from longctx.methods.transformer_xl.network import TransformerXL
 
 
@@ -32,6 +33,8 @@ class Selection:
 
 
 class Knobbed(LMBase):
+    flat_prefixes: ClassVar[dict[str, str]] = {"evaluation": "eval_", "selection": "sel_"}
+
     def __init__(
         self,
         vocab_size: int = 5,
@@ -41,12 +44,7 @@ class Knobbed(LMBase):
         protocol: str = "xl",
         **flat,
     ) -> None:
-        groups = fold_flat(
-            Knobbed.__init__,
-            dict(network=network, evaluation=evaluation, selection=selection),
-            flat,
-            prefixes={"evaluation": "eval_", "selection": "sel_"},
-        )
+        groups = self.fold_knobs(dict(network=network, evaluation=evaluation, selection=selection), flat)
         network, evaluation, selection = groups["network"], groups["evaluation"], groups["selection"]
         super().__init__(vocab_size=vocab_size)
         self.save_hyperparameters()
@@ -85,6 +83,19 @@ def test_groups_are_saved_as_plain_dicts_and_load_back():
     saved = torch.load(buffer, weights_only=True)["hyper_parameters"]  # plain values only
     again = Knobbed(**saved)
     assert again.groups == model.groups
+
+
+def test_flatten_knobs_gives_a_run_configs_groups_their_flat_names():
+    init_args = {"network": {"d_model": 4, "n_layers": 2}, "evaluation": {"mem_len": 7, "same_length": None}}
+    flat = Knobbed.flatten_knobs({**init_args, "selection": None, "protocol": "xl"})
+    assert flat == {
+        "d_model": 4,
+        "n_layers": 2,
+        "eval_mem_len": 7,
+        "eval_same_length": None,
+        "protocol": "xl",
+    }
+    assert Knobbed.flatten_knobs({"d_model": 4, "eval_mem_len": 7}) == {"d_model": 4, "eval_mem_len": 7}
 
 
 def test_as_group_reads_a_dataclass_a_dict_or_none():

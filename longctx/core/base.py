@@ -35,7 +35,7 @@ from torchmetrics import SumMetric
 
 from longctx.core import rng_state
 from longctx.core.data_facts import BatchMode, LMDataFacts, check_data_facts
-from longctx.core.knob_groups import plain
+from longctx.core.knob_groups import flatten_knobs, fold_flat, plain
 from longctx.core.token_nll import TokenNLLCollector
 
 # A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
@@ -87,6 +87,9 @@ class LMBase(pl.LightningModule):
     # The batch layout `step` reads (docs/architecture.md): "segments" (B, L) or "windows" (B, K, T);
     # each method declares it, and `setup` refuses a data module in the other mode.
     batch_mode: ClassVar[BatchMode] = "segments"
+    # Flat names of the knob groups' fields (`longctx.core.knob_groups`): group argument → prefix, e.g.
+    # {"evaluation": "eval_"}: `eval_mem_len=64` is `evaluation.mem_len`. Groups not named: no prefix.
+    flat_prefixes: ClassVar[dict[str, str]] = {}
     # Per-target NLL of the running evaluation: set by `TokenNLLWriter` (`--write_token_nll true`) only.
     token_nll_collector: TokenNLLCollector | None = None
 
@@ -114,6 +117,17 @@ class LMBase(pl.LightningModule):
         self._batch_start_time: float | None = None
         self._eval_batches: dict[str, int] = {"val": 0, "test": 0}
         self._eval_length: dict[str, int] = {}  # segment length n (window T) of each stage's batches
+
+    @classmethod
+    def fold_knobs(cls, given: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
+        """The module's knob groups (`given`: each as passed) with its flat keywords folded in
+        (`knob_groups.fold_flat` with `flat_prefixes`); call it first in `__init__`."""
+        return fold_flat(cls.__init__, given, flat, cls.flat_prefixes)
+
+    @classmethod
+    def flatten_knobs(cls, init_args: dict[str, Any]) -> dict[str, Any]:
+        """A run config's init arguments with the groups' fields under their flat names (`report`)."""
+        return flatten_knobs(cls.__init__, init_args, cls.flat_prefixes)
 
     def save_hyperparameters(
         self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None, logger: bool = True

@@ -118,6 +118,24 @@ def _switched_off(cls: type, fields: Mapping[str, Any]) -> bool:
     return all(value is None for value in fields.values())
 
 
+def flatten_knobs(
+    init: Callable[..., Any], init_args: Mapping[str, Any], prefixes: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The inverse of `fold_flat`: `init_args` (a resolved config's, groups as dicts) with each group's
+    fields under their flat names (`evaluation: {mem_len: 64}` → `eval_mem_len: 64`), so that readers
+    of run configs (`report`) read runs from before and after the groups alike. A group that is None
+    (off) gives no flat names."""
+    prefixes = prefixes or {}
+    groups = group_types(init)
+    flat: dict[str, Any] = {}
+    for key, value in init_args.items():
+        if key in groups and isinstance(value, Mapping):
+            flat.update({prefixes.get(key, "") + field: v for field, v in value.items()})
+        elif key not in groups:
+            flat[key] = value
+    return flat
+
+
 def plain(value: Any) -> Any:
     """A group as a dict of plain values (what a checkpoint stores); anything else unchanged."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
