@@ -9,17 +9,20 @@ syntax error name its file and line.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
 import os
 import re
+from pydoc import locate
 from typing import Any, NoReturn
 
 import yaml
 from jsonargparse import get_loader, set_loader
 from lightning.pytorch.cli import LightningArgumentParser
 
+from longctx.core.knob_groups import group_types
 from longctx.errors import debug_enabled, one_line
 
 
@@ -65,6 +68,7 @@ _YAML_MARK = re.compile(r'^in "<unicode string>", line (\d+), column (\d+)$')
 _GIVEN_CLASS = re.compile(r"Got value: Namespace\(class_path='([^']+)'")
 _NOT_ACCEPTED = re.compile(r"^Subcommand '\w+' does not accept option '([^']+)'$")
 _UNRECOGNIZED = re.compile(r"^Unrecognized arguments: (\S+)")
+_GROUP_OPTION = re.compile(r"^Group '(\w+)' does not accept option '([^']+)'$")  # a knob group's field
 
 
 def parse_error_line(message: str, options: list[str] = ()) -> str:
@@ -110,7 +114,14 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     if (match := _UNKNOWN_OPTION.match(detail)) and class_path:
         name = class_path.rsplit(".", 1)[-1]
         detail = f"{name} has no option {match.group(1)!r}"
-        fix = _did_you_mean(match.group(1), _init_parameters(class_path))
+        fix = _moved_knob(class_path, match.group(1)) or _did_you_mean(
+            match.group(1), _init_parameters(class_path)
+        )
+    elif (match := _GROUP_OPTION.match(detail)) and class_path:
+        group, option = match.groups()
+        keys = [*keys, group]
+        detail = f"no option {option!r}"
+        fix = _did_you_mean(option, _group_fields(class_path, group))
     elif match := _NO_ATTRIBUTE.match(detail):
         detail = f"class_path {class_path or match.group(2)!r}: {detail}"
         fix = _did_you_mean(match.group(2), _module_names(match.group(1)))
@@ -134,11 +145,23 @@ def _did_you_mean(name: str, candidates: list[str]) -> str:
 
 def _init_parameters(class_path: str) -> list[str]:
     try:
-        module, name = class_path.rsplit(".", 1)
-        cls = getattr(importlib.import_module(module), name)
-        return list(inspect.signature(cls).parameters)
-    except (ImportError, AttributeError, ValueError, TypeError):
+        return list(inspect.signature(locate(class_path)).parameters)
+    except (ValueError, TypeError):
         return []
+
+
+def _group_fields(class_path: str, group: str) -> list[str]:
+    """The fields of the knob group `group` of the class at `class_path` (none if it has no such group)."""
+    cls = locate(class_path)
+    groups = group_types(cls.__init__) if isinstance(cls, type) else {}
+    return [field.name for field in dataclasses.fields(groups[group][0])] if group in groups else []
+
+
+def _moved_knob(class_path: str, name: str) -> str:
+    """A flat knob name that is now a group's field (`n_layers` → `network.n_layers`): where it went."""
+    cls = locate(class_path)
+    path = cls.knob_path(name) if hasattr(cls, "knob_path") else name
+    return f"it moved to model.init_args.{path}" if path != name else ""
 
 
 def _module_names(module: str) -> list[str]:

@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from pydoc import locate
 from typing import Any
 
 import yaml
@@ -153,9 +154,14 @@ def run_status(run: Run) -> str | None:
 
 
 def _settings(run: Run, section: str) -> dict[str, Any]:
-    """The resolved init arguments of the config's `model` (class_path + init_args) or `data`."""
+    """The resolved init arguments of the config's `model` (class_path + init_args) or `data`; the
+    model's knob groups under their flat names (`evaluation.mem_len` as `eval_mem_len`), so runs from
+    before the groups and after read alike."""
     section_config = run.config.get(section) or {}
-    return section_config.get("init_args") or section_config
+    settings = section_config.get("init_args") or section_config
+    class_path = section_config.get("class_path")
+    model_class = locate(class_path) if section == "model" and isinstance(class_path, str) else None
+    return model_class.flatten_knobs(settings) if hasattr(model_class, "flatten_knobs") else settings
 
 
 def _first_set(*values: Any) -> Any:

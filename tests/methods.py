@@ -66,3 +66,16 @@ TINY: dict[str, TinyMethod] = {
     "transformer_xl": TinyMethod(tiny_transformer_xl, SyntheticData),
     "window_transformer": TinyMethod(tiny_window_transformer, SyntheticData, None),  # SDPA only
 }
+
+
+def config_init_args(model_class: type, knobs: dict) -> dict:
+    """Flat knob names (`d_model`, `eval_mem_len`) as a config's `model.init_args`: each in its knob group
+    (`network: {d_model: ...}`, `evaluation: {mem_len: ...}`), where `LMBase.knob_path` puts it."""
+    init_args: dict = {}
+    for knob, value in knobs.items():
+        *groups, field = model_class.knob_path(knob).split(".")
+        target = init_args
+        for group in groups:
+            target = target.setdefault(group, {})
+        target[field] = value
+    return init_args

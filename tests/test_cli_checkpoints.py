@@ -18,7 +18,7 @@ from longctx.cli import main
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from tests.lm_fixtures import cpu_trainer
-from tests.methods import tiny_adaptive_span
+from tests.methods import config_init_args, tiny_adaptive_span
 
 pytestmark = pytest.mark.slow  # each CLI run builds the parser (seconds); training once for the module
 
@@ -62,9 +62,7 @@ def config(model_settings: dict) -> dict:
         "model": {
             "class_path": "longctx.methods.transformer_xl.module.TransformerXLLM",
             "init_args": {
-                **ARCH,
-                **INIT,
-                **model_settings,
+                **config_init_args(TransformerXLLM, {**ARCH, **INIT, **model_settings}),
                 "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.001}},
             },
         },
@@ -93,7 +91,11 @@ def cli_args(command: str, config_file: str, run_name: str, *extra: str) -> list
 
 
 def flags(settings: dict) -> list[str]:
-    return [item for key, value in settings.items() for item in (f"--model.init_args.{key}", str(value))]
+    return [
+        item
+        for key, value in settings.items()
+        for item in (f"--model.init_args.{TransformerXLLM.knob_path(key)}", str(value))
+    ]
 
 
 def direct_val_loss(root: Path, **settings) -> float:
@@ -146,7 +148,7 @@ def test_checkpoint_of_other_sizes_is_refused_naming_the_shapes(work, monkeypatc
         main(
             cli_args(
                 "test", "xl.yaml", "sizes", "--ckpt_path", "runs/train/checkpoints/last.ckpt",
-                "--model.init_args.d_inner", "24",
+                "--model.init_args.network.d_inner", "24",
             )
         )  # fmt: skip
     message = str(exit_info.value.code)

@@ -177,10 +177,10 @@ def tiny_xl_flags(tmp_path: Path) -> list[str]:
         "--data.corpus", "sample", "--data.split_sources", "null",
         "--data.cache_dir", str(tmp_path / "cache"),
         "--data.eval_batch_size", "2", "--data.eval_tgt_len", "16",
-        "--model.init_args.n_layers", "1", "--model.init_args.d_model", "16",
-        "--model.init_args.n_heads", "2", "--model.init_args.d_inner", "32",
-        "--model.init_args.cutoffs", "[]", "--model.init_args.mem_len", "16",
-        "--model.init_args.init_std", "0.5", "--model.init_args.proj_init_std", "0.5",
+        "--model.init_args.network.n_layers", "1", "--model.init_args.network.d_model", "16",
+        "--model.init_args.network.n_heads", "2", "--model.init_args.network.d_inner", "32",
+        "--model.init_args.network.cutoffs", "[]", "--model.init_args.mem_len", "16",
+        "--model.init_args.network.init_std", "0.5", "--model.init_args.network.proj_init_std", "0.5",
         "--trainer.limit_val_batches", "3", "--trainer.logger", "false",
         "--trainer.enable_progress_bar", "false",
     ]  # fmt: skip
@@ -218,9 +218,9 @@ def test_a_context_point_equals_the_validate_run_with_its_flags(tmp_path, xl_che
     assert [(row["model"], row["axis"], row["context_length"]) for row in rows] == [
         ("xl", "memory", "0"), ("xl", "memory", "16")
     ]  # fmt: skip
-    assert rows[1]["flags"] == "--model.init_args.eval_mem_len 16"
+    assert rows[1]["flags"] == "--model.init_args.evaluation.mem_len 16"
     assert float(rows[0]["loss"]) != float(rows[1]["loss"])  # the memory is read
-    cli = main(["validate", *flags, "--model.init_args.eval_mem_len", "16", "--ckpt_path", "xl.ckpt",
+    cli = main(["validate", *flags, "--model.init_args.evaluation.mem_len", "16", "--ckpt_path", "xl.ckpt",
                 "--run_name", "validate"])  # fmt: skip
     metrics = cli.trainer.callback_metrics
     assert float(rows[1]["loss"]) == float(metrics["val/loss"])  # exactly
@@ -309,9 +309,10 @@ def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monke
             **tiny, "model.init_args.attn_span": 64, "model.init_args.span_init": 0.5,
             "data.eval_tgt_len": 32}),
         "trams": write_config(tmp_path / "trams.yaml", "transformer_xl_tiny.yaml", {
-            **tiny, "model.init_args.cutoffs": "[]", "model.init_args.init_std": 0.5,
-            "model.init_args.trams_attended": 16, "model.init_args.trams_kept": 12,
-            "model.init_args.trams_pool": 32, "model.init_args.protocol": "trams"}),
+            **{k.replace("init_args.", "init_args.network."): v for k, v in tiny.items()},
+            "model.init_args.network.cutoffs": "[]", "model.init_args.network.init_std": 0.5,
+            "model.init_args.trams.attended": 16, "model.init_args.trams.kept": 12,
+            "model.init_args.trams.pool": 32, "model.init_args.protocol": "trams"}),
         "gpt2": write_config(tmp_path / "gpt2.yaml", "recurrent_gpt2_tiny.yaml", {
             "model.init_args.gpt2_config": "{n_layer: 3, n_embd: 16, n_head: 2, n_positions: 32}",
             "model.init_args.insert_layer": 1, "data.tgt_len": 16, "data.eval_tgt_len": 16,
@@ -334,7 +335,7 @@ def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monke
         ("trams", "attended", "8"), ("gpt2", "overlap", "4"), ("gpt2", "overlap", "8"),
         ("gpt2 (h_prev reset)", "overlap", "4"), ("gpt2 (h_prev reset)", "overlap", "8"),
     ]  # fmt: skip
-    assert rows[3]["flags"] == "--model.init_args.trams_attended 8 --model.init_args.trams_kept 6"
+    assert rows[3]["flags"] == "--model.init_args.trams.attended 8 --model.init_args.trams.kept 6"
     for row, name in [(rows[1], "span"), (rows[3], "trams"), (rows[7], "gpt2")]:
         cli = main(["validate", "--config", configs[name], *common, *row["flags"].split(),
                     "--ckpt_path", f"{name}.ckpt", "--run_name", f"validate_{name}"])  # fmt: skip

@@ -218,8 +218,10 @@ XL_CONFIG = """\
 model:
   class_path: longctx.methods.transformer_xl.module.TransformerXLLM
   init_args:
-    {{n_layers: 2, d_model: 32, n_heads: 4, d_head: 8, d_inner: 64, d_embed: 32, cutoffs: [100, 400],
-     div_val: {div_val}, tie_projs: [false, true, true], untie_r: {untie_r}, mem_len: 16, eval_mem_len: 16}}
+    network: {{n_layers: 2, d_model: 32, n_heads: 4, d_head: 8, d_inner: 64, d_embed: 32, cutoffs: [100, 400],
+              div_val: {div_val}, tie_projs: [false, true, true], untie_r: {untie_r}}}
+    mem_len: 16
+    evaluation: {{mem_len: 16}}
 data:
   corpus: wikitext2
 """
@@ -315,7 +317,8 @@ def test_transformer_xl_sizes_are_read_before_the_model_is_built(tmp_path):
     assert str(info.value) == (
         f"{config} does not describe {source}: model.init_args n_layers 4 (checkpoint: 2), cutoffs "
         "[2000, 8000] (checkpoint: [100, 400]), untie_r False (checkpoint: True); add "
-        "--model.init_args.n_layers 2 --model.init_args.cutoffs '[100,400]' --model.init_args.untie_r true "
+        "--model.init_args.network.n_layers 2 --model.init_args.network.cutoffs '[100,400]' "
+        "--model.init_args.network.untie_r true "
         "to this command (convert prints them in its evaluate: line)"
     )
     assert not (tmp_path / "x.ckpt").exists() and not vocab_path_for(tmp_path / "x.ckpt").exists()
@@ -455,7 +458,7 @@ def test_overrides_are_never_taken_for_source_or_dest():
     ]  # fmt: skip
 
 
-XL_FLAGS = ["--model.init_args.cutoffs", "[100,400]", "--model.init_args.untie_r", "true"]
+XL_FLAGS = ["--model.init_args.network.cutoffs", "[100,400]", "--model.init_args.network.untie_r", "true"]
 
 
 def converted_by_the_command(tmp_path: Path, capsys, *data_flags: str) -> str:
@@ -486,9 +489,9 @@ def converted_by_the_command(tmp_path: Path, capsys, *data_flags: str) -> str:
 def test_evaluate_line_carries_the_overrides(tmp_path, capsys):
     line = converted_by_the_command(tmp_path, capsys)
     assert line == (
-        f"evaluate: python -m longctx test --config {tmp_path / 'config.yaml'} --model.init_args.cutoffs "
-        f"'[100,400]' --model.init_args.untie_r true --ckpt_path {tmp_path / 'x.ckpt'} --data.vocab_file "
-        f"{tmp_path / 'x.vocab.txt'}"
+        f"evaluate: python -m longctx test --config {tmp_path / 'config.yaml'} "
+        "--model.init_args.network.cutoffs '[100,400]' --model.init_args.network.untie_r true "
+        f"--ckpt_path {tmp_path / 'x.ckpt'} --data.vocab_file {tmp_path / 'x.vocab.txt'}"
     )
 
 

@@ -8,6 +8,8 @@ at step 3: status "failed").
 from __future__ import annotations
 
 import csv
+import importlib
+import inspect
 import json
 import math
 from pathlib import Path
@@ -20,6 +22,7 @@ import yaml
 from longctx.cli import main
 from longctx.report import main as report_main
 from tests.lm_fixtures import CarryLM
+from tests.methods import config_init_args
 
 STEPS, BATCH, TGT_LEN = 4, 4, 32
 
@@ -272,18 +275,20 @@ EXPECTED_VARIANTS = {
 def test_rows_say_which_variant_ran(tmp_path):
     """Plain XL, TRAMS, RPE and no-memory evaluations of one class, GPT-2 with and without recurrence:
     told apart by the run's resolved config.yaml (the keys are the modules' real init arguments)."""
-    import importlib
-    import inspect
-
-    for name, (class_path, model_args, data_args) in VARIANT_CONFIGS.items():
-        module, cls = class_path.rsplit(".", 1)
-        parameters = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
-        assert set(model_args) <= set(parameters), name
-        config = {"model": {"class_path": class_path, "init_args": model_args}, "data": data_args}
-        _write_run(tmp_path, name, {"status": "finished", "method": class_path, "metrics": {}}, config)
-    report_main([*(str(tmp_path / n) for n in VARIANT_CONFIGS), "--out", str(tmp_path / "out")])
-    rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open()))
-    assert {r["run"]: r["variant"] for r in rows} == EXPECTED_VARIANTS
+    for form in ("flat", "grouped"):  # runs from before the knob groups, and after
+        for name, (class_path, model_args, data_args) in VARIANT_CONFIGS.items():
+            module, cls_name = class_path.rsplit(".", 1)
+            cls = getattr(importlib.import_module(module), cls_name)
+            if form == "grouped":
+                model_args = config_init_args(cls, model_args)
+                assert set(model_args) <= set(inspect.signature(cls).parameters), name
+            config = {"model": {"class_path": class_path, "init_args": model_args}, "data": data_args}
+            run = {"status": "finished", "method": class_path, "metrics": {}}
+            _write_run(tmp_path / form, name, run, config)
+        out = tmp_path / form / "out"
+        report_main([*(str(tmp_path / form / n) for n in VARIANT_CONFIGS), "--out", str(out)])
+        rows = list(csv.DictReader((out / "report.csv").open()))
+        assert {r["run"]: r["variant"] for r in rows} == EXPECTED_VARIANTS, form
 
 
 def test_report_skips_a_folder_that_is_not_a_run(tmp_path, capsys):

@@ -280,8 +280,15 @@ def xl_init_args(name: str) -> dict:
     equal to what the config resolves to (building the CLI parser here would take seconds)."""
     resolved = yaml.safe_load((RESOLVED / name).read_text())
     prefix = "model.init_args."
-    args = {key.removeprefix(prefix): value for key, value in resolved.items() if key.startswith(prefix)}
-    return {key: value for key, value in args.items() if not key.startswith(("optimizer", "lr_scheduler"))}
+    args: dict = {}
+    for key, value in resolved.items():
+        if key.startswith(prefix) and not key.startswith((prefix + "optimizer", prefix + "lr_scheduler")):
+            *groups, knob = key.removeprefix(prefix).split(".")  # `network.d_model`: a knob group's
+            target = args
+            for group in groups:
+                target = target.setdefault(group, {})
+            target[knob] = value
+    return args
 
 
 def test_wt103_config_has_the_papers_151M_parameters():

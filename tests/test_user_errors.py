@@ -26,7 +26,7 @@ XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
 CONFIG = f"""\
 model:
   class_path: {XL}
-  init_args: {{n_layers: 2, d_model: 16, n_heads: 2, d_inner: 32, mem_len: 8}}
+  init_args: {{network: {{n_layers: 2, d_model: 16, n_heads: 2, d_inner: 32}}, mem_len: 8}}
 data:
   corpus: sample
 """
@@ -60,7 +60,11 @@ def parse_error(parser, args: list[str]) -> str:
 def test_unknown_key_in_yaml_names_the_class_and_the_close_option(parser, tmp_path):
     config = write(tmp_path / "c.yaml", CONFIG.replace("n_layers", "n_layerz"))
     assert parse_error(parser, ["fit", "--config", str(config)]) == (
-        "model: TransformerXLLM has no option 'n_layerz' (did you mean n_layers?)"
+        "model.init_args.network: no option 'n_layerz' (did you mean n_layers?)"
+    )
+    flat = write(tmp_path / "flat.yaml", CONFIG.replace("network: {n_layers: 2,", "n_layers: 2, network: {"))
+    assert parse_error(parser, ["fit", "--config", str(flat)]) == (  # a config from before the knob groups
+        "model: TransformerXLLM has no option 'n_layers' (it moved to model.init_args.network.n_layers)"
     )
 
 
@@ -73,8 +77,8 @@ def test_unknown_key_of_the_data_or_trainer_in_yaml_names_the_close_setting(pars
 
 
 def test_optimizer_typos_name_the_optimizer(parser, tmp_path):
-    sizes = "{n_layers: 2, d_model: 16, n_heads: 2, d_inner: 32, mem_len: 8}"
-    optimizer = "{n_layers: 2, optimizer: {class_path: torch.optim.Adamm}}"
+    sizes = "{network: {n_layers: 2, d_model: 16, n_heads: 2, d_inner: 32}, mem_len: 8}"
+    optimizer = "{mem_len: 8, optimizer: {class_path: torch.optim.Adamm}}"
     config = write(tmp_path / "c.yaml", CONFIG.replace(sizes, optimizer))
     assert parse_error(parser, ["fit", "--config", str(config)]) == (
         "model.init_args.optimizer: class_path 'torch.optim.Adamm': module 'torch.optim' has no attribute "
@@ -95,8 +99,8 @@ def test_unknown_flag_names_the_close_flag_and_help(parser, tmp_path):
 
 def test_wrong_type_names_the_full_key(parser, tmp_path):
     config = write(tmp_path / "c.yaml", CONFIG)
-    args = ["fit", "--config", str(config), "--model.init_args.n_layers", "two"]
-    assert parse_error(parser, args) == "model.init_args.n_layers: expected int, got two"
+    args = ["fit", "--config", str(config), "--model.init_args.network.n_layers", "two"]
+    assert parse_error(parser, args) == "model.init_args.network.n_layers: expected int, got two"
     args = ["fit", "--config", str(config), "--data.batch_size", "x"]
     assert parse_error(parser, args) == "data.batch_size: expected int, got x"
 
@@ -116,7 +120,7 @@ def test_misspelled_class_path_suggests_the_class(parser, tmp_path):
     message = parse_error(parser, ["fit", "--config", str(config)])
     assert message.startswith(f"model: class_path '{XL[:-1]}': module ")
     assert message.endswith(
-        "has no attribute 'TransformerXLL' (did you mean TransformerXLLM or TransformerXL?)"
+        "has no attribute 'TransformerXLL' (did you mean TransformerXLLM or TransformerXLConfig?)"
     )
 
 
@@ -147,9 +151,7 @@ def test_main_prints_one_line_without_usage(tmp_path, capsys):
     config = write(tmp_path / "c.yaml", CONFIG.replace("n_layers", "n_layerz"))
     with pytest.raises(SystemExit) as info:
         main(["fit", "--config", str(config)])
-    assert (
-        info.value.code == "error: model: TransformerXLLM has no option 'n_layerz' (did you mean n_layers?)"
-    )
+    assert info.value.code == "error: model.init_args.network: no option 'n_layerz' (did you mean n_layers?)"
     assert "usage" not in capsys.readouterr().err
 
 
@@ -165,12 +167,12 @@ def test_debug_switch_keeps_jsonargparse_message(parser, tmp_path, monkeypatch, 
 
 def test_sweep_check_prints_the_line_the_command_prints(tmp_path):
     config = write(tmp_path / "c.yaml", CONFIG)
-    line = f"fit --config {config} --model.init_args.n_layers two"
+    line = f"fit --config {config} --model.init_args.network.n_layers two"
     sweep = write(tmp_path / "sweep.txt", f"{line}\nfit --config {config}\n")
     with pytest.raises(SystemExit) as info:
         main(line.split())
     assert check_sweeps([sweep]) == {f"{sweep}:run 0": info.value.code}
-    assert info.value.code == "error: model.init_args.n_layers: expected int, got two"
+    assert info.value.code == "error: model.init_args.network.n_layers: expected int, got two"
 
 
 # ---------------------------------------------------------------------------------- data root

@@ -78,24 +78,31 @@ def vocab_path_for(dest: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------- config
-def override_flags(settings: dict[str, Any]) -> list[str]:
-    """`--model.init_args.KEY VALUE` flags (values as JSON: lists, booleans) setting `settings`."""
+def override_flags(settings: dict[str, Any], model_class: type[LMBase]) -> list[str]:
+    """`--model.init_args.PATH VALUE` flags (values as JSON: lists, booleans) setting `settings`, given
+    by flat knob names (`d_model` → `--model.init_args.network.d_model`)."""
     return [
         arg
         for key, value in settings.items()
-        for arg in (f"--model.init_args.{key}", json.dumps(value, separators=(",", ":")).strip('"'))
+        for arg in (
+            f"--model.init_args.{model_class.knob_path(key)}",
+            json.dumps(value, separators=(",", ":")).strip('"'),
+        )
     ]
 
 
-def check_sizes(config: Path, source: Path, theirs: dict[str, Any], ours: dict[str, Any]) -> None:
+def check_sizes(
+    config: Path, source: Path, theirs: dict[str, Any], ours: dict[str, Any], model_class: type[LMBase]
+) -> None:
     """Every setting of the config that differs from the checkpoint's, in one error with the flags
     that fix them all (to give to `convert` and to the evaluation)."""
     wrong = {key: value for key, value in theirs.items() if ours.get(key) != value}
     if wrong:
         differences = ", ".join(f"{key} {ours.get(key)!r} (checkpoint: {wrong[key]!r})" for key in wrong)
+        flags = shlex.join(override_flags(wrong, model_class))
         raise ConvertError(
             f"{config} does not describe {source}: model.init_args {differences}; add "
-            f"{shlex.join(override_flags(wrong))} to this command (convert prints them in its evaluate: line)"
+            f"{flags} to this command (convert prints them in its evaluate: line)"
         )
 
 
@@ -121,8 +128,8 @@ def load_config(
                 raise ConvertError(
                     f"this format converts into {model_class.__name__}, but {config} configures {configured}"
                 )
-            if check is not None:
-                check(self.config.model.init_args.as_dict())
+            if check is not None:  # the knob groups' fields under their flat names
+                check(model_class.flatten_knobs(self.config.model.init_args.as_dict()))
             self.config.trainer.logger = None
             self.config.trainer.callbacks = None
 
@@ -180,7 +187,8 @@ def lightning_checkpoint(model: LMBase, arch_keys: Sequence[str], origin: dict[s
     """What `trainer.test(ckpt_path=...)` and `load_from_checkpoint` read: the state dict, the Lightning
     version and the architecture hyperparameters (with `_class_path`, as LightningCLI saves them)."""
     cls = type(model)
-    hparams = {key: model.hparams[key] for key in ("vocab_size", *arch_keys)}
+    flat = cls.flatten_knobs(dict(model.hparams))  # flat names: `load_from_checkpoint` folds them back
+    hparams = {key: flat[key] for key in ("vocab_size", *arch_keys)}
     return {
         "state_dict": model.state_dict(),
         "hyper_parameters": {"_class_path": f"{cls.__module__}.{cls.__qualname__}", **hparams},
@@ -223,7 +231,9 @@ def convert(
             config,
             overrides,
             converter.MODEL_CLASS,
-            check=lambda init_args: check_sizes(config, source, theirs, converter.configured(init_args)),
+            check=lambda init_args: check_sizes(
+                config, source, theirs, converter.configured(init_args), converter.MODEL_CLASS
+            ),
         )
         result = converter.convert(fmt, source, model, datamodule, vocab)
         load_converted(model, result.state_dict, str(source))

@@ -35,7 +35,7 @@ from torchmetrics import SumMetric
 
 from longctx.core import rng_state
 from longctx.core.data_facts import BatchMode, LMDataFacts, check_data_facts
-from longctx.core.knob_groups import flatten_knobs, fold_flat, plain
+from longctx.core.knob_groups import flatten_knobs, fold_flat, knob_path, plain
 from longctx.core.token_nll import TokenNLLCollector
 
 # A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
@@ -121,13 +121,21 @@ class LMBase(pl.LightningModule):
     @classmethod
     def fold_knobs(cls, given: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
         """The module's knob groups (`given`: each as passed) with its flat keywords folded in
-        (`knob_groups.fold_flat` with `flat_prefixes`); call it first in `__init__`."""
-        return fold_flat(cls.__init__, given, flat, cls.flat_prefixes)
+        (`knob_groups.fold_flat` with `flat_prefixes`); call it first in `__init__`. Lightning's own
+        keys (`_class_path`, which `load_from_checkpoint` passes to a constructor taking `**flat`)
+        are not knobs."""
+        knobs = {key: value for key, value in flat.items() if not key.startswith("_")}
+        return fold_flat(cls.__init__, given, knobs, cls.flat_prefixes)
 
     @classmethod
     def flatten_knobs(cls, init_args: dict[str, Any]) -> dict[str, Any]:
         """A run config's init arguments with the groups' fields under their flat names (`report`)."""
         return flatten_knobs(cls.__init__, init_args, cls.flat_prefixes)
+
+    @classmethod
+    def knob_path(cls, name: str) -> str:
+        """The config path under `model.init_args` of the flat knob `name` (`network.d_model`)."""
+        return knob_path(cls.__init__, name, cls.flat_prefixes)
 
     def save_hyperparameters(
         self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None, logger: bool = True

@@ -73,10 +73,10 @@ def fold_flat(
     flat: the remaining keywords; each must name a field of exactly one group, after that group's
         prefix in `prefixes` (default no prefix), else TypeError as for any unexpected keyword.
         A flat keyword overrides the group's value. An optional group that is None (off) is built
-        from the flat fields given for it only if they switch it on: every required field of its
-        dataclass (one without a default, e.g. TRAMS's m) given and not None; a group with no
-        required field is on when any flat field is not None. (Checkpoints of earlier versions hold
-        every flat knob, `trams_attended=None` among them: the group stays off.)
+        from the flat fields given for it if they switch it on: a required field of its dataclass
+        (one without a default, e.g. TRAMS's m) given and not None (a group with no required field:
+        any field not None); the dataclass then checks the rest. Checkpoints of earlier versions
+        hold every flat knob, `trams_attended=None` among them: the group stays off.
     """
     prefixes = prefixes or {}
     groups = group_types(init)
@@ -113,9 +113,7 @@ def _switched_off(cls: type, fields: Mapping[str, Any]) -> bool:
         for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
-    if required:
-        return any(fields.get(name) is None for name in required)
-    return all(value is None for value in fields.values())
+    return all(fields.get(name) is None for name in required or fields)
 
 
 def flatten_knobs(
@@ -134,6 +132,18 @@ def flatten_knobs(
         elif key not in groups:
             flat[key] = value
     return flat
+
+
+def knob_path(init: Callable[..., Any], name: str, prefixes: Mapping[str, str] | None = None) -> str:
+    """Where the flat knob `name` lives in a config's init_args: `group.field` for a group's field
+    (`eval_mem_len` → `evaluation.mem_len`), else `name` itself."""
+    prefixes = prefixes or {}
+    for group, (cls, _) in group_types(init).items():
+        prefix = prefixes.get(group, "")
+        field = name.removeprefix(prefix)
+        if name.startswith(prefix) and field in {f.name for f in dataclasses.fields(cls)}:
+            return f"{group}.{field}"
+    return name
 
 
 def plain(value: Any) -> Any:

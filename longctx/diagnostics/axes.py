@@ -5,15 +5,18 @@ checkpoint: every knob here is read afresh by each evaluation (nothing is precom
 an evaluation after `set(...)` is the `validate` run with `flags(...)` added to its command line
 (tested in tests/test_context.py). The context length of a point means:
 
-| axis       | methods                        | knob (`validate` flag)              | context length |
-|------------|--------------------------------|-------------------------------------|----------------|
-| memory     | Transformer-XL, RPE (no TRAMS) | `--model.init_args.eval_mem_len`    | memory M       |
-|            | and Compressive Transformer    |                                     | (n_m)          |
-| compressed | Compressive Transformer        | `--model.init_args.eval_cmem_len`   | n_cm slots     |
-| attended | TRAMS                          | `--model.init_args.trams_attended`     | attended m      |
-| span_cap | adaptive / dynamic / fixed     | `--model.init_args.eval_span_cap`      | farthest reach  |
-| window   | any segment or window model    | `--data.eval_tgt_len`                  | segment length  |
-| overlap  | windowed / recurrent GPT-2     | `--data.eval_overlap`                  | overlap o       |
+| axis       | methods                        | knob (flat name)  | context length |
+|------------|--------------------------------|-------------------|----------------|
+| memory     | Transformer-XL, RPE (no TRAMS) | eval_mem_len      | memory M       |
+|            | and Compressive Transformer    |                   | (n_m)          |
+| compressed | Compressive Transformer        | eval_cmem_len     | n_cm slots     |
+| attended   | TRAMS                          | trams_attended    | attended m     |
+| span_cap   | adaptive / dynamic / fixed     | eval_span_cap     | farthest reach |
+| window     | any segment or window model    | data.eval_tgt_len | segment length |
+| overlap    | windowed / recurrent GPT-2     | data.eval_overlap | overlap o      |
+
+A model knob is named by its flat name; its `validate` flag is where the module's knob groups put it
+(`LMBase.knob_path`: eval_mem_len is `--model.init_args.evaluation.mem_len` for Transformer-XL).
 
 The Compressive Transformer sweeps its compressed memory n_cm by default (`compressed`; n_m stays
 the configured eval_mem_len, so the last layer reaches n_m + c·n_cm back) or its memory n_m
@@ -91,8 +94,14 @@ def _set_memory(model: TransformerXLLM | CompressiveTransformerLM, data: LMDataM
 
 
 def _trams_kept(model: TransformerXLLM, attended: int) -> int:
-    trams = model.hparams
-    return round(attended * trams.trams_kept / trams.trams_attended)
+    """m − k for `attended` m, in the configured proportion (the configured group, not the swept one)."""
+    configured = model.hparams["trams"]
+    return round(attended * configured["kept"] / configured["attended"])
+
+
+def _flag(model: LMBase, knob: str, value: int) -> list[str]:
+    """The CLI override of a flat knob name, wherever the module's groups put it."""
+    return [f"--model.init_args.{model.knob_path(knob)}", str(value)]
 
 
 def _set_attended(model: TransformerXLLM, data: LMDataModule, length: int) -> None:
@@ -125,7 +134,7 @@ MEMORY = Axis(
     limits=lambda model, data: (0, None),
     default_max=lambda model, data: model.eval_mem_len,
     set=_set_memory,
-    flags=lambda model, data, length: ["--model.init_args.eval_mem_len", str(length)],
+    flags=lambda model, data, length: _flag(model, "eval_mem_len", length),
 )
 COMPRESSED = Axis(
     "compressed",
@@ -134,20 +143,18 @@ COMPRESSED = Axis(
     limits=lambda model, data: (0, None),
     default_max=lambda model, data: model.eval_cmem_len,
     set=lambda model, data, length: setattr(model, "eval_cmem_len", length),
-    flags=lambda model, data, length: ["--model.init_args.eval_cmem_len", str(length)],
+    flags=lambda model, data, length: _flag(model, "eval_cmem_len", length),
 )
 ATTENDED = Axis(
     "attended",
     applies=lambda model, data: isinstance(model, TransformerXLLM) and model.trams is not None,
-    why_not="it is TRAMS's attended memory m (set model.init_args.trams_attended)",
+    why_not="it is TRAMS's attended memory m (set model.init_args.trams.attended)",
     limits=lambda model, data: (1, model.eval_mem_len),
-    default_max=lambda model, data: model.hparams.trams_attended,
+    default_max=lambda model, data: model.hparams["trams"]["attended"],
     set=_set_attended,
     flags=lambda model, data, length: [
-        "--model.init_args.trams_attended",
-        str(length),
-        "--model.init_args.trams_kept",
-        str(_trams_kept(model, length)),
+        *_flag(model, "trams_attended", length),
+        *_flag(model, "trams_kept", _trams_kept(model, length)),
     ],
 )
 SPAN_CAP = Axis(

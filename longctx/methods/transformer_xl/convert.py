@@ -110,7 +110,7 @@ def to_longctx(
     layer_bias: dict[str, dict[int, Tensor]] = {"r_w_bias": {}, "r_r_bias": {}}
     for key, tensor in theirs.items():
         if key == "pos_emb.inv_freq":
-            d = model.hparams.d_model
+            d = model.net.config.d_model
             expected = 1.0 / (10000 ** (torch.arange(0.0, d, 2.0) / d))
             if tensor.shape != expected.shape or not torch.allclose(tensor, expected):
                 raise ConvertError(f"{source}: pos_emb.inv_freq is not the sinusoid of d_model = {d}")
@@ -137,12 +137,12 @@ def to_longctx(
         if f"net.{name}" in state:  # untie_r false: HF also saves the shared pair in every layer
             if not all(torch.equal(t, state[f"net.{name}"]) for t in per_layer.values()):
                 raise ConvertError(f"{source}: per-layer {name} differ from the shared one")
-        elif model.hparams.untie_r:
+        elif model.net.config.untie_r:
             state[f"net.{name}"] = stacked
         else:
             raise ConvertError(
                 f"{source}: {name} differs per layer (untie_r), the config shares one pair: set "
-                "model.init_args.untie_r: true"
+                "model.init_args.network.untie_r: true"
             )
     return state
 
@@ -209,13 +209,13 @@ def kimiyoung_architecture(root: Record) -> dict[str, Any]:
 def check_architecture(source: str, theirs: dict[str, Any], model: TransformerXLLM) -> None:
     """Refuse a model whose sizes differ from the checkpoint's, naming both (the vocabulary size is
     known only once the data module is built; the rest was compared with the config before)."""
-    ours = {"vocab_size": model.vocab_size, **configured(dict(model.hparams))}
+    ours = {"vocab_size": model.vocab_size, **configured(model.flatten_knobs(dict(model.hparams)))}
     for key, value in theirs.items():
         if key in ours and ours[key] != value:
             where = (
                 "data.vocab_size (from the corpus or data.vocab_file)"
                 if key == "vocab_size"
-                else f"model.init_args.{key}"
+                else f"model.init_args.{model.knob_path(key)}"
             )
             raise ConvertError(
                 f"{source}: the checkpoint has {key} = {value}, the config's {where} = {ours[key]}"
@@ -234,7 +234,7 @@ def evaluation_notes(theirs: dict[str, Any], model: TransformerXLLM) -> list[str
         if value != ours[key]:
             notes.append(
                 f"note: the checkpoint was saved with {key} = {value}; the config evaluates with "
-                f"model.init_args.eval_{key} = {ours[key]} (the config decides)"
+                f"model.init_args.evaluation.{key} = {ours[key]} (the config decides)"
             )
     return notes
 

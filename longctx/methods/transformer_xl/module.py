@@ -37,7 +37,8 @@ The papers' symbols and where each lives in this folder: the package docstring (
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -45,138 +46,104 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
-from longctx.methods.attention_kernel import AttentionKernel
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
 from longctx.methods.transformer_xl.memory import XLMemory
-from longctx.methods.transformer_xl.network import TransformerXL
-from longctx.methods.transformer_xl.trams import Metric, Positions, TramsSettings
+from longctx.methods.transformer_xl.network import TransformerXLConfig
+from longctx.methods.transformer_xl.trams import TramsSettings
 
 Protocol = Literal["xl", "trams"]
+
+
+@dataclass(frozen=True)
+class EvaluationMemory:
+    """The memory at validation and test, changeable without retraining (the `evaluation` group of
+    `TransformerXLLM`; flat names `eval_mem_len`, ...): mem_len, clamp_len, same_length as in
+    training (None: the training value); cache_kv: carry the memory's keys and values instead of
+    projecting the memory again every segment (exact; the released codes re-project)."""
+
+    mem_len: int | None = None
+    clamp_len: int | None = None
+    same_length: bool | None = None
+    cache_kv: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.mem_len or 0) < 0 or (self.clamp_len or 0) < 0:
+            raise ValueError(
+                f"evaluation mem_len ({self.mem_len}) and clamp_len ({self.clamp_len}) must be >= 0"
+            )
 
 
 class TransformerXLLM(LMBase):
     """Transformer-XL language model with evaluation-time memory settings and TRAMS.
 
     Args:
-        n_layers, d_model, n_heads, d_head, d_inner, d_embed: sizes (wt103 base: 16, 410, 10, 41,
-            2100; enwik8 base: 12, 512, 8, 64, 2048). d_head / d_embed None: d_model // n_heads / d_model.
-        dropout, dropatt: dropout (0.1) and attention dropout (0.0).
-        pre_lnorm: pre-LN blocks (the code's scripts all use post-LN).
-        cutoffs, div_val, tie_weight, tie_projs: adaptive input and softmax (wt103: [20000, 40000,
-            200000], div_val 1, tied, tie_projs [False, True, True, True]); cutoffs [] = full softmax.
-        init_std, proj_init_std: initialisation (0.02, 0.01).
-        untie_r: one u, v pair per layer (Hugging Face's transfo-xl-wt103) instead of one shared pair.
+        network: the network's knobs (`TransformerXL.Config`: sizes, dropouts, adaptive softmax,
+            initialisation, untie_r, attention kernel); its defaults are the wt103 base
+            (16 layers, d 410, 10 heads, inner 2100; enwik8 base: 12, 512, 8, 2048).
         mem_len, clamp_len, same_length: training memory length (0 = Transformer+RPE), cap of
             relative positions (0 = none), equal key count per query.
-        eval_mem_len, eval_clamp_len, eval_same_length: the same at validation/test (None = training's).
+        evaluation: the memory at validation/test (`EvaluationMemory`: mem_len, clamp_len,
+            same_length, None = training's; cache_kv).
         protocol: "xl" or "trams" evaluation protocol (see the module docstring).
-        trams_attended, trams_pool, trams_kept, trams_metric, trams_positions: TRAMS's m, M (default:
-            the evaluation memory length), m − k, metric and positions; trams_attended None = off.
+        trams: TRAMS's m, m − k, metric, positions and pool M (`TramsSettings`); None = off.
         log_attention_mass: log `trams/mem_mass*` at evaluation. Off by default: the fused kernels
             return no probabilities, so this runs the evaluation attention op by op (the TRAMS
             configs turn it on for the paper's attention-mass analysis).
-        attention: "sdpa" (the attention in one fused kernel, default), "eager" (op by op, as the
-            released code) or "flex" (compiled flex_attention at evaluation, sdpa in training, said
-            once in the log); equal to float rounding, see `relative_attention`.
-        eval_cache_kv: at evaluation, carry the memory's keys and values instead of projecting the
-            memory again every segment (exact; the released codes re-project).
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam 2.5e-4, cosine, no warm-up).
+        **flat: any field of the groups by its flat name (`n_layers=4`, `eval_mem_len=64`,
+            `trams_attended=200`; `longctx.core.knob_groups`): Python callers and earlier checkpoints.
     """
 
     batch_mode = "segments"
+    flat_prefixes: ClassVar[dict[str, str]] = {"evaluation": "eval_", "trams": "trams_"}
 
     def __init__(
         self,
         vocab_size: int = 0,
-        n_layers: int = 16,
-        d_model: int = 410,
-        n_heads: int = 10,
-        d_head: int | None = None,
-        d_inner: int = 2100,
-        d_embed: int | None = None,
-        dropout: float = 0.1,
-        dropatt: float = 0.0,
-        pre_lnorm: bool = False,
-        cutoffs: list[int] | None = None,
-        div_val: int = 1,
-        tie_weight: bool = True,
-        tie_projs: list[bool] | None = None,
-        init_std: float = 0.02,
-        proj_init_std: float = 0.01,
-        untie_r: bool = False,
+        network: TransformerXLConfig = TransformerXLConfig(),
         mem_len: int = 150,
         clamp_len: int = 0,
         same_length: bool = False,
-        eval_mem_len: int | None = None,
-        eval_clamp_len: int | None = None,
-        eval_same_length: bool | None = None,
+        evaluation: EvaluationMemory = EvaluationMemory(),
         protocol: Protocol = "xl",
-        trams_attended: int | None = None,
-        trams_pool: int | None = None,
-        trams_kept: int | None = None,
-        trams_metric: Metric = "code",
-        trams_positions: Positions = "compact",
+        trams: TramsSettings | None = None,
         log_attention_mass: bool = False,
-        eval_cache_kv: bool = True,
-        attention: AttentionKernel = "sdpa",
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
+        **flat: Any,
     ) -> None:
+        groups = self.fold_knobs(dict(network=network, evaluation=evaluation, trams=trams), flat)
+        network, evaluation, trams = groups["network"], groups["evaluation"], groups["trams"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
-        if mem_len < 0 or clamp_len < 0 or (eval_mem_len or 0) < 0 or (eval_clamp_len or 0) < 0:
-            raise ValueError("mem_len, clamp_len, eval_mem_len and eval_clamp_len must be >= 0")
+        if mem_len < 0 or clamp_len < 0:
+            raise ValueError(f"mem_len ({mem_len}) and clamp_len ({clamp_len}) must be >= 0")
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
         # A word-level recipe's cutoffs on a byte-level corpus: a full softmax, said once.
-        self.cutoffs = cutoffs_within(vocab_size, cutoffs)
-        if len(self.cutoffs) < len(cutoffs or []):
+        self.cutoffs = cutoffs_within(vocab_size, network.cutoffs)
+        if len(self.cutoffs) < len(network.cutoffs):
             rank_zero_info(
-                f"longctx: cutoffs {list(cutoffs or [])} reach past the vocabulary ({vocab_size}): "
+                f"longctx: cutoffs {list(network.cutoffs)} reach past the vocabulary ({vocab_size}): "
                 f"adaptive softmax cutoffs {self.cutoffs or 'none (a full softmax)'}"
             )
-        self.net = TransformerXL(
-            vocab_size=vocab_size,
-            n_layers=n_layers,
-            d_model=d_model,
-            n_heads=n_heads,
-            d_inner=d_inner,
-            d_head=d_head,
-            d_embed=d_embed,
-            dropout=dropout,
-            dropatt=dropatt,
-            pre_lnorm=pre_lnorm,
-            cutoffs=self.cutoffs,
-            div_val=div_val,
-            tie_weight=tie_weight,
-            tie_projs=tie_projs,
-            init_std=init_std,
-            proj_init_std=proj_init_std,
-            untie_r=untie_r,
-            attention=attention,
-        )
+        self.net = replace(network, cutoffs=self.cutoffs).build(vocab_size)
         self.mem_len, self.clamp_len, self.same_length = mem_len, clamp_len, same_length
-        self.eval_mem_len = mem_len if eval_mem_len is None else eval_mem_len
-        self.eval_clamp_len = clamp_len if eval_clamp_len is None else eval_clamp_len
-        self.eval_same_length = same_length if eval_same_length is None else eval_same_length
+        self.eval_mem_len = mem_len if evaluation.mem_len is None else evaluation.mem_len
+        self.eval_clamp_len = clamp_len if evaluation.clamp_len is None else evaluation.clamp_len
+        self.eval_same_length = same_length if evaluation.same_length is None else evaluation.same_length
+        self.eval_cache_kv = evaluation.cache_kv
         self.protocol = protocol
-        self.trams: TramsSettings | None = None
-        if trams_attended is not None:
-            if trams_kept is None:
+        self.trams = trams
+        if trams is not None:
+            self.eval_mem_len = self.eval_mem_len if trams.pool is None else trams.pool
+            if trams.attended > self.eval_mem_len:
                 raise ValueError(
-                    "trams_kept (m − k, the newest pool slots always attended) must be set with "
-                    "trams_attended (paper: trams_attended 200, trams_kept 150, trams_pool 400)"
-                )
-            self.trams = TramsSettings(trams_attended, trams_kept, trams_metric, trams_positions)
-            self.eval_mem_len = self.eval_mem_len if trams_pool is None else trams_pool
-            if trams_attended > self.eval_mem_len:
-                raise ValueError(
-                    f"trams_attended ({trams_attended}) cannot exceed the pool ({self.eval_mem_len})"
+                    f"TRAMS attended ({trams.attended}) cannot exceed the pool ({self.eval_mem_len})"
                 )
         self.log_attention_mass = log_attention_mass
-        self.eval_cache_kv = eval_cache_kv
 
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> XLMemory:
@@ -192,19 +159,19 @@ class TransformerXLLM(LMBase):
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with the full evaluation memory (TRAMS: the
         pool M, the attended window and the scoring; `flops.py`)."""
-        h, net = self.hparams, self.net
+        net, c = self.net, self.net.config
         return xl_flops.flops_per_token(
             n_layers=net.n_layers,
             d_model=net.d_model,
             n_heads=net.n_heads,
             d_head=net.d_head,
-            d_inner=h.d_inner,
+            d_inner=c.d_inner,
             vocab_size=self.vocab_size,
             segment_length=segment_length,
             memory_length=self.eval_mem_len,
             cutoffs=self.cutoffs,
-            d_embed=h.d_embed,
-            div_val=h.div_val,
+            d_embed=c.d_embed,
+            div_val=c.div_val,
             cache_kv=self.eval_cache_kv,
             trams=self.trams,
             scored_per_segment=segment_length - 1 if self.protocol == "trams" else segment_length,

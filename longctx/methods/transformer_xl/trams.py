@@ -53,22 +53,35 @@ Positions = Literal["compact", "true"]
 
 @dataclass(frozen=True)
 class TramsSettings:
-    """attended: m, the memory tokens attended per query; kept: m − k, the newest pool slots always
+    """TRAMS's knobs (the `trams` group of `TransformerXLLM`; None there = TRAMS off).
+
+    attended: m, the memory tokens attended per query; kept: m − k, the newest pool slots always
     attended (the code's `remain_mem_num`; k is its `topk_num`); metric and positions: see the module
-    docstring. The pool size M is the memory length (the caller's `mem_len`)."""
+    docstring; pool: M, the pool of the last M states per layer (None: the evaluation memory
+    length). The network reads M as its memory length (the caller's `mem_len`). Paper and code:
+    attended 200, kept 150, pool 400.
+    """
 
     attended: int
-    kept: int
+    kept: int | None = None  # required with attended (None only to say so in one line)
     metric: Metric = "code"
     positions: Positions = "compact"
+    pool: int | None = None
 
     def __post_init__(self) -> None:
+        if self.kept is None:
+            raise ValueError(
+                "TRAMS's kept (trams_kept: m − k, the newest pool slots always attended) must be set with "
+                "its attended (m); paper: attended 200, kept 150, pool 400"
+            )
         if not 0 <= self.kept <= self.attended:
             raise ValueError(f"need 0 <= kept ({self.kept}) <= attended ({self.attended})")
         if self.metric not in ("code", "paper", "oracle"):
             raise ValueError(f"metric must be 'code', 'paper' or 'oracle', got {self.metric!r}")
         if self.positions not in ("compact", "true"):
             raise ValueError(f"positions must be 'compact' or 'true', got {self.positions!r}")
+        if self.pool is not None and self.pool < self.attended:
+            raise ValueError(f"TRAMS attended ({self.attended}) cannot exceed the pool ({self.pool})")
 
     @property
     def selected(self) -> int:
