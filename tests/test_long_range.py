@@ -107,7 +107,8 @@ def test_transformer_xl_copies_across_segments_only_with_its_memory(copy_text):
     xl = run_flags("xl", copy_text)
     xl_ckpt = fit("xl", xl)
     with_memory = marked_loss("xl", xl, xl_ckpt, copy_text)
-    memory_off = marked_loss("xl_mem0", [*xl, "--model.init_args.evaluation.mem_len", "0"], xl_ckpt, copy_text)
+    no_memory = [*xl, "--model.init_args.evaluation.mem_len", "0"]
+    memory_off = marked_loss("xl_mem0", no_memory, xl_ckpt, copy_text)
     rpe = run_flags("rpe", copy_text)
     without_memory = marked_loss("rpe", rpe, fit("rpe", rpe), copy_text)
     print(f"marked word starts: XL {with_memory:.3f}, memory 0 {memory_off:.3f}, RPE {without_memory:.3f}")
