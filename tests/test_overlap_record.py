@@ -39,7 +39,8 @@ def overlaps_args(tmp_path: Path, overlaps: str, *extra: str) -> list[str]:
         "--data.corpus", "sample", "--data.root", "null", "--data.split_sources", "null",
         "--data.cache_dir", str(tmp_path / "cache"),
         "--model.init_args.gpt2_config", '{"n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 32}',
-        "--model.init_args.insert_layer", "1", "--data.tgt_len", "32", "--data.eval_tgt_len", "32",
+        "--model.init_args.window_recurrence.insert_layer", "1",
+        "--data.tgt_len", "32", "--data.eval_tgt_len", "32",
         "--data.eval_batch_size", "2", "--trainer.limit_test_batches", "2", "--trainer.logger", "false",
         "--trainer.enable_progress_bar", "false", "--run_name", "overlaps", "--overlaps", overlaps, *extra,
     ]  # fmt: skip
