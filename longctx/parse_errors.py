@@ -14,12 +14,14 @@ import importlib
 import inspect
 import os
 import re
+from dataclasses import fields
 from typing import Any, NoReturn
 
 import yaml
 from jsonargparse import get_loader, set_loader
 from lightning.pytorch.cli import LightningArgumentParser
 
+from longctx.core.knob_groups import group_types
 from longctx.errors import debug_enabled, one_line
 
 
@@ -110,7 +112,8 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     if (match := _UNKNOWN_OPTION.match(detail)) and class_path:
         name = class_path.rsplit(".", 1)[-1]
         detail = f"{name} has no option {match.group(1)!r}"
-        fix = _did_you_mean(match.group(1), _init_parameters(class_path))
+        fix = _moved_into_group(match.group(1), class_path, keys[0] if keys else "model")
+        fix = fix or _did_you_mean(match.group(1), _init_parameters(class_path))
     elif match := _NO_ATTRIBUTE.match(detail):
         detail = f"class_path {class_path or match.group(2)!r}: {detail}"
         fix = _did_you_mean(match.group(2), _module_names(match.group(1)))
@@ -139,6 +142,24 @@ def _init_parameters(class_path: str) -> list[str]:
         return list(inspect.signature(cls).parameters)
     except (ImportError, AttributeError, ValueError, TypeError):
         return []
+
+
+def _moved_into_group(option: str, class_path: str, key: str) -> str:
+    """Where a knob that was a flat init argument lives now that the module takes it in a group
+    (issue 21: `insert_layer` → `--model.init_args.window_recurrence.insert_layer`), as the fix; ""
+    if `option` is no group's field."""
+    try:
+        module, name = class_path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+        groups = group_types(cls.__init__) if hasattr(cls, "flatten_knobs") else {}
+    except (ImportError, AttributeError, ValueError, TypeError, NameError):
+        return ""
+    # Each group's fields under their flat names (`LMBase.flatten_knobs`), mapped to where they live now.
+    homes = {
+        group: {f.name: f"{group}.{f.name}" for f in fields(config)} for group, (config, _) in groups.items()
+    }
+    moved = cls.flatten_knobs(homes) if homes else {}
+    return f"it is now --{key}.init_args.{moved[option]}" if option in moved else ""
 
 
 def _module_names(module: str) -> list[str]:

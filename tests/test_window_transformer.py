@@ -167,3 +167,25 @@ def test_config_build_equals_the_network_from_its_fields():
 def test_a_bad_network_knob_is_one_line_when_the_config_is_made(field, message):
     with pytest.raises(ValueError, match=message):
         WindowTransformer.Config(**field)
+
+
+def test_through_the_cli_a_bad_knob_and_a_knob_under_its_old_flat_name_are_one_line(tmp_path, monkeypatch):
+    """jsonargparse builds the group before the module (its check would be a traceback), and the old
+    flat key names where the knob lives now."""
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "fit", "--config", str(REPO / "configs" / "window_transformer_tiny.yaml"),
+        "--data.corpus", "sample", "--data.split_sources", "null",
+        "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger", "false",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.network.n_heads", "5"])
+    assert exit_info.value.code == (
+        "error: model: WindowTransformerLM: d_model (128) must be divisible by n_heads (5)"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.d_model", "64"])
+    assert exit_info.value.code == (
+        "error: model: WindowTransformerLM has no option 'd_model' "
+        "(it is now --model.init_args.network.d_model)"
+    )
