@@ -112,8 +112,7 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     if (match := _UNKNOWN_OPTION.match(detail)) and class_path:
         name = class_path.rsplit(".", 1)[-1]
         detail = f"{name} has no option {match.group(1)!r}"
-        fix = _moved_into_group(match.group(1), class_path, keys[0] if keys else "model")
-        fix = fix or _did_you_mean(match.group(1), _init_parameters(class_path))
+        fix = _unknown_option_fix(match.group(1), class_path, keys[0] if keys else "model")
     elif match := _NO_ATTRIBUTE.match(detail):
         detail = f"class_path {class_path or match.group(2)!r}: {detail}"
         fix = _did_you_mean(match.group(2), _module_names(match.group(1)))
@@ -144,22 +143,31 @@ def _init_parameters(class_path: str) -> list[str]:
         return []
 
 
-def _moved_into_group(option: str, class_path: str, key: str) -> str:
-    """Where a knob that was a flat init argument lives now that the module takes it in a group
-    (issue 21: `insert_layer` → `--model.init_args.window_recurrence.insert_layer`), as the fix; ""
-    if `option` is no group's field."""
+def _unknown_option_fix(option: str, class_path: str, key: str) -> str:
+    """The fix for an init argument `class_path` does not take: where it lives now if the module
+    takes it in a knob group (issue 21: `insert_layer` → `--model.init_args.window_recurrence.
+    insert_layer`), else the close names, a group's field named by its path (`network.d_model`)."""
+    homes = _group_homes(class_path)
+    if option in homes:
+        return f"it is now --{key}.init_args.{homes[option]}"
+    names = {**homes, **{name: name for name in _init_parameters(class_path)}}
+    close = difflib.get_close_matches(option, list(names), n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(names[name] for name in close)}?" if close else ""
+
+
+def _group_homes(class_path: str) -> dict[str, str]:
+    """A module's knob-group fields by their flat names (`LMBase.flatten_knobs`), each mapped to its
+    path under init_args (`d_model` → `network.d_model`); {} for a class without groups."""
     try:
         module, name = class_path.rsplit(".", 1)
         cls = getattr(importlib.import_module(module), name)
         groups = group_types(cls.__init__) if hasattr(cls, "flatten_knobs") else {}
     except (ImportError, AttributeError, ValueError, TypeError, NameError):
-        return ""
-    # Each group's fields under their flat names (`LMBase.flatten_knobs`), mapped to where they live now.
-    homes = {
+        return {}
+    paths = {
         group: {f.name: f"{group}.{f.name}" for f in fields(config)} for group, (config, _) in groups.items()
     }
-    moved = cls.flatten_knobs(homes) if homes else {}
-    return f"it is now --{key}.init_args.{moved[option]}" if option in moved else ""
+    return cls.flatten_knobs(paths) if paths else {}
 
 
 def _module_names(module: str) -> list[str]:

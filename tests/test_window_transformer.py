@@ -170,8 +170,8 @@ def test_a_bad_network_knob_is_one_line_when_the_config_is_made(field, message):
 
 
 def test_through_the_cli_a_bad_knob_and_a_knob_under_its_old_flat_name_are_one_line(tmp_path, monkeypatch):
-    """jsonargparse builds the group before the module (its check would be a traceback), and the old
-    flat key names where the knob lives now."""
+    """jsonargparse builds the group before the module (its check would be a traceback); the old flat
+    key, and a misspelt one, name where the knob lives now."""
     monkeypatch.chdir(tmp_path)
     args = [
         "fit", "--config", str(REPO / "configs" / "window_transformer_tiny.yaml"),
@@ -189,3 +189,6 @@ def test_through_the_cli_a_bad_knob_and_a_knob_under_its_old_flat_name_are_one_l
         "error: model: WindowTransformerLM has no option 'd_model' "
         "(it is now --model.init_args.network.d_model)"
     )
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.d_modle", "64"])
+    assert exit_info.value.code.endswith("has no option 'd_modle' (did you mean network.d_model?)")
