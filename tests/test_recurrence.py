@@ -46,7 +46,7 @@ from longctx.methods.recurrence.network import (
     valid_positions,
 )
 from tests.conftest import shared_dir, skip_without_shared
-from tests.flat_checkpoints import save_with_hparams
+from tests.knob_checks import assert_same_weights, save_with_hparams
 from tests.lm_fixtures import NoTextFacts
 
 VOCAB, D, N_LAYER, N_HEAD, L_INS = 101, 32, 4, 4, 2
@@ -564,12 +564,6 @@ FLAT_HPARAMS = {
     "pool_embeddings": False, "slot_norm": False, "checkpoint_windows": True, "window_by_window": True,
     "checkpoint_blocks": False, "loss_chunk": 0, "attn_implementation": "sdpa", "eval_h_prev": "carried",
 }  # fmt: skip
-
-
-def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    assert list(a.state_dict()) == list(b.state_dict())
-    for name, tensor in a.state_dict().items():
-        assert torch.equal(tensor, b.state_dict()[name]), name
 
 
 def test_state_dict_keys_are_those_recorded_before_the_knob_groups():

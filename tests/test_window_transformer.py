@@ -15,7 +15,7 @@ from longctx.cli import main
 from longctx.methods.window_transformer.flops import flops_per_token
 from longctx.methods.window_transformer.module import WindowTransformerLM
 from longctx.methods.window_transformer.network import CausalSelfAttention, WindowTransformer
-from tests.flat_checkpoints import save_with_hparams
+from tests.knob_checks import assert_same_weights, save_with_hparams
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = dict(vocab_size=37, d_model=24, n_layers=2, n_heads=3, d_inner=40, max_len=16, dropout=0.0)
@@ -114,12 +114,6 @@ STATE_DICT_KEYS = [
 # What `WindowTransformerLM(**SIZES)` saved as hyper_parameters before the group.
 FLAT_HPARAMS = dict(SIZES)
 NETWORK = WindowTransformer.Config(d_model=24, n_layers=2, n_heads=3, d_inner=40, max_len=16, dropout=0.0)
-
-
-def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    assert list(a.state_dict()) == list(b.state_dict())
-    for name, tensor in a.state_dict().items():
-        assert torch.equal(tensor, b.state_dict()[name]), name
 
 
 def test_the_module_from_its_network_group_equals_the_one_from_flat_keywords():

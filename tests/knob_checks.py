@@ -1,5 +1,6 @@
-"""Checkpoints as earlier versions saved them: flat `hyper_parameters`, from before the knob groups
-(issue 21), so that the methods' tests can check that such files still load."""
+"""What the methods' knob tests share (issue 21: one source per knob): checkpoints as versions before
+the knob groups saved them (flat `hyper_parameters`), to check that such files still load, and
+equality of two modules' weights."""
 
 from __future__ import annotations
 
@@ -24,3 +25,10 @@ def save_with_hparams(model: LMBase, hparams: Mapping[str, Any], path: Path) -> 
     model.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, path)
     return path
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    """The same state-dict keys, in the same order, with equal tensors."""
+    assert list(a.state_dict()) == list(b.state_dict())
+    for name, tensor in a.state_dict().items():
+        assert torch.equal(tensor, b.state_dict()[name]), name
