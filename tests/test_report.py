@@ -271,14 +271,22 @@ EXPECTED_VARIANTS = {
 
 def test_rows_say_which_variant_ran(tmp_path):
     """Plain XL, TRAMS, RPE and no-memory evaluations of one class, GPT-2 with and without recurrence:
-    told apart by the run's resolved config.yaml (the keys are the modules' real init arguments)."""
+    told apart by the run's resolved config.yaml (the keys are the modules' real init arguments, or
+    their knob groups' fields under the flat names runs recorded before the groups)."""
+    import dataclasses
     import importlib
     import inspect
 
     for name, (class_path, model_args, data_args) in VARIANT_CONFIGS.items():
         module, cls = class_path.rsplit(".", 1)
-        parameters = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
-        assert set(model_args) <= set(parameters), name
+        model_class = getattr(importlib.import_module(module), cls)
+        parameters = inspect.signature(model_class).parameters
+        groups = {
+            key: dataclasses.asdict(p.default)
+            for key, p in parameters.items()
+            if dataclasses.is_dataclass(p.default)
+        }
+        assert set(model_args) <= {*parameters, *model_class.flatten_knobs(groups)}, name
         config = {"model": {"class_path": class_path, "init_args": model_args}, "data": data_args}
         _write_run(tmp_path, name, {"status": "finished", "method": class_path, "metrics": {}}, config)
     report_main([*(str(tmp_path / n) for n in VARIANT_CONFIGS), "--out", str(tmp_path / "out")])
