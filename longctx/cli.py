@@ -69,7 +69,7 @@ from longctx.core.data_facts import DataMismatch
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.errors import debug_enabled, exit_with_error
-from longctx.parse_errors import OneLineParser, ParseError
+from longctx.parse_errors import OneLineParser, ParseError, parse_error_line
 from longctx.run_layout import CONFIG, checkpoint_dir, run_directory
 from longctx.run_lock import RunDirectoryBusy, lock_if_launching
 
@@ -242,6 +242,25 @@ class ReportInitErrors(_InstantiatorFn):
         raise error
 
 
+_GROUP_OWNER = re.compile(
+    r"Subtypes: \[.*<class '[\w.]*\.(LMBase|LMDataModule)'>\]"
+    r".*Given value: Namespace\(class_path='[\w.]*?(\w+)'",
+    re.DOTALL,
+)
+
+
+def knob_group_error(err: ValueError) -> ConfigError | None:
+    """A knob group's own check (a `Config` dataclass's `__post_init__`, e.g. `--model.init_args.network.
+    n_heads 5`) as one line naming the model, or None for any other error. jsonargparse builds a
+    module's groups before the module's instantiator runs, so `ReportInitErrors` never sees it, and
+    buries it under "Does not validate against any of the Union subtypes" and a dump of every setting."""
+    owner = _GROUP_OWNER.search(str(err))
+    if owner is None:
+        return None
+    key = {"LMBase": "model", "LMDataModule": "data"}[owner.group(1)]
+    return ConfigError(f"{key}: {owner.group(2)}: {parse_error_line(str(err))}")
+
+
 class LongCtxCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.init_error: Exception | None = None
@@ -302,9 +321,11 @@ class LongCtxCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except Exception:
+        except Exception as err:
             if self.init_error is not None:
                 raise self.init_error from self.init_error.__cause__
+            if isinstance(err, ValueError) and (group_error := knob_group_error(err)) is not None:
+                raise group_error from err
             raise
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

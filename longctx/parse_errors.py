@@ -114,9 +114,7 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     if (match := _UNKNOWN_OPTION.match(detail)) and class_path:
         name = class_path.rsplit(".", 1)[-1]
         detail = f"{name} has no option {match.group(1)!r}"
-        fix = _moved_knob(class_path, match.group(1)) or _did_you_mean(
-            match.group(1), _init_parameters(class_path)
-        )
+        fix = _unknown_option_fix(match.group(1), class_path, keys[0] if keys else "model")
     elif (match := _GROUP_OPTION.match(detail)) and class_path:
         group, option = match.groups()
         keys = [*keys, group]
@@ -157,11 +155,29 @@ def _group_fields(class_path: str, group: str) -> list[str]:
     return [field.name for field in dataclasses.fields(groups[group][0])] if group in groups else []
 
 
-def _moved_knob(class_path: str, name: str) -> str:
-    """A flat knob name that is now a group's field (`n_layers` → `network.n_layers`): where it went."""
+def _unknown_option_fix(option: str, class_path: str, key: str) -> str:
+    """The fix for an init argument `class_path` does not take: where it lives now if the module
+    takes it in a knob group (issue 21: `n_layers` → `model.init_args.network.n_layers`), else the
+    close names, a group's field named by its path (`network.d_model`)."""
+    homes = _group_homes(class_path)
+    if option in homes:
+        return f"it moved to {key}.init_args.{homes[option]}"
+    names = {**homes, **{name: name for name in _init_parameters(class_path)}}
+    close = difflib.get_close_matches(option, list(names), n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(names[name] for name in close)}?" if close else ""
+
+
+def _group_homes(class_path: str) -> dict[str, str]:
+    """A module's knob-group fields by their flat names (`LMBase.flatten_knobs`), each mapped to its
+    path under init_args (`d_model` → `network.d_model`); {} for a class without groups."""
     cls = locate(class_path)
-    path = cls.knob_path(name) if hasattr(cls, "knob_path") else name
-    return f"it moved to model.init_args.{path}" if path != name else ""
+    if not hasattr(cls, "flatten_knobs"):
+        return {}
+    paths = {
+        group: {f.name: f"{group}.{f.name}" for f in dataclasses.fields(config)}
+        for group, (config, _) in group_types(cls.__init__).items()
+    }
+    return cls.flatten_knobs(paths) if paths else {}
 
 
 def _module_names(module: str) -> list[str]:

@@ -315,7 +315,7 @@ def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monke
             "model.init_args.trams.pool": 32, "model.init_args.protocol": "trams"}),
         "gpt2": write_config(tmp_path / "gpt2.yaml", "recurrent_gpt2_tiny.yaml", {
             "model.init_args.gpt2_config": "{n_layer: 3, n_embd: 16, n_head: 2, n_positions: 32}",
-            "model.init_args.insert_layer": 1, "data.tgt_len": 16, "data.eval_tgt_len": 16,
+            "model.init_args.window_recurrence.insert_layer": 1, "data.tgt_len": 16, "data.eval_tgt_len": 16,
             "data.tokenizer": "gpt2"}),
     }  # fmt: skip
     common = [

@@ -5,12 +5,15 @@ keeps the finished ones, and the same command again evaluates only the rest."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from longctx.methods.recurrence.overlap_record import finished_overlaps, save_overlaps
+from longctx.methods.recurrence.overlap_record import evaluated, finished_overlaps, save_overlaps
+from tests.methods import GPT2_SIZES, VOCAB, tiny_recurrence
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = {"split": "test", "checkpoint": None, "settings": "abc"}
@@ -32,6 +35,23 @@ def test_finished_overlaps_are_read_back_only_for_the_same_checkpoint_and_settin
     assert summary["metrics"] == {"val/loss": 1.0} and summary["status"] == "finished"  # kept as they were
 
 
+def test_a_record_written_before_the_knob_groups_is_still_recognised():
+    """The settings hash reads the model's knobs under their flat names, as earlier versions saved them."""
+    trainer = SimpleNamespace(limit_test_batches=2, precision="32-true", world_size=1)
+    data = SimpleNamespace(hparams={"corpus": "sample", "eval_overlap": 8})
+    flat_hparams = {
+        "vocab_size": VOCAB, "pretrained": None, "gpt2_config": GPT2_SIZES, "recurrence": True,
+        "insert_layer": 1, "ffn_width": 200, "ffn_hidden_layers": 3, "ffn_activation": "relu",
+        "pool_embeddings": False, "slot_norm": True, "checkpoint_windows": True, "window_by_window": True,
+        "checkpoint_blocks": False, "loss_chunk": 0, "attn_implementation": "sdpa", "eval_h_prev": "carried",
+    }  # fmt: skip
+    # What the code before the groups hashed (`evaluated`, commit b7f3239).
+    settings = {"model": flat_hparams, "data": {"corpus": "sample"}, "limit_batches": 2}
+    settings |= {"precision": "32-true", "world_size": 1}
+    before = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert evaluated(trainer, tiny_recurrence(), data, None, "test")["settings"] == before
+
+
 def overlaps_args(tmp_path: Path, overlaps: str, *extra: str) -> list[str]:
     """evaluate_overlaps of a tiny random GPT-2 with recurrence on the bundled sample text."""
     return [
@@ -39,7 +59,8 @@ def overlaps_args(tmp_path: Path, overlaps: str, *extra: str) -> list[str]:
         "--data.corpus", "sample", "--data.root", "null", "--data.split_sources", "null",
         "--data.cache_dir", str(tmp_path / "cache"),
         "--model.init_args.gpt2_config", '{"n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 32}',
-        "--model.init_args.insert_layer", "1", "--data.tgt_len", "32", "--data.eval_tgt_len", "32",
+        "--model.init_args.window_recurrence.insert_layer", "1",
+        "--data.tgt_len", "32", "--data.eval_tgt_len", "32",
         "--data.eval_batch_size", "2", "--trainer.limit_test_batches", "2", "--trainer.logger", "false",
         "--trainer.enable_progress_bar", "false", "--run_name", "overlaps", "--overlaps", overlaps, *extra,
     ]  # fmt: skip

@@ -46,6 +46,7 @@ from longctx.methods.recurrence.network import (
     valid_positions,
 )
 from tests.conftest import shared_dir, skip_without_shared
+from tests.knob_checks import assert_same_weights, save_with_hparams
 from tests.lm_fixtures import NoTextFacts
 
 VOCAB, D, N_LAYER, N_HEAD, L_INS = 101, 32, 4, 4, 2
@@ -536,3 +537,99 @@ def test_evaluate_overlaps_from_the_cli_on_real_wikitext_raw(tmp_path, monkeypat
     assert [r["test/tokens"] for r in rows] == [2 * 8 * 64, 8 * 64 + 8 * 48, 8 * 64 + 8 * 16]
     assert all(math.isfinite(r["test/ppl"]) for r in rows)
     assert (Path(cli.trainer.default_root_dir) / "overlaps_test.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------ knobs (issue 21: one source per knob)
+# Recorded before `WindowRecurrence.Config` existed: the knobs moved, the weights' names did not.
+GPT2_BLOCK_KEYS = (
+    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+    "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+    "mlp.c_proj.weight", "mlp.c_proj.bias",
+)  # fmt: skip
+STATE_DICT_KEYS = [
+    "lm.transformer.wte.weight", "lm.transformer.wpe.weight",
+    *(f"lm.transformer.h.{i}.{name}" for i in range(N_LAYER) for name in GPT2_BLOCK_KEYS),
+    "lm.transformer.ln_f.weight", "lm.transformer.ln_f.bias", "lm.lm_head.weight",
+    "recurrence.pooling.weight_logits",
+    *(f"recurrence.ffn.net.{i}.{name}" for i in (0, 2, 4, 6) for name in ("weight", "bias")),
+]  # fmt: skip
+RECURRENCE_KNOBS = {
+    "insert_layer": 1, "ffn_width": 8, "ffn_hidden_layers": 2, "ffn_activation": "gelu", "slot_norm": False,
+}  # fmt: skip
+# What `module(**RECURRENCE_KNOBS)` saved as hyper_parameters before the group.
+FLAT_HPARAMS = {
+    "vocab_size": VOCAB, "pretrained": None,
+    "gpt2_config": {**TINY, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+    "recurrence": True, "insert_layer": 1, "ffn_width": 8, "ffn_hidden_layers": 2, "ffn_activation": "gelu",
+    "pool_embeddings": False, "slot_norm": False, "checkpoint_windows": True, "window_by_window": True,
+    "checkpoint_blocks": False, "loss_chunk": 0, "attn_implementation": "sdpa", "eval_h_prev": "carried",
+}  # fmt: skip
+
+
+def test_state_dict_keys_are_those_recorded_before_the_knob_groups():
+    assert list(module().state_dict()) == STATE_DICT_KEYS
+    assert list(module(recurrence=False).state_dict()) == [k for k in STATE_DICT_KEYS if k.startswith("lm.")]
+
+
+@pytest.mark.parametrize("recurrence", [True, False])
+def test_the_module_from_its_recurrence_group_equals_the_one_from_flat_keywords(recurrence):
+    grouped = module(recurrence, window_recurrence=WindowRecurrence.Config(**RECURRENCE_KNOBS))
+    flat = module(recurrence, **RECURRENCE_KNOBS)
+    assert dict(grouped.hparams) == dict(flat.hparams)
+    assert grouped.hparams["window_recurrence"] == {**RECURRENCE_KNOBS, "pool_embeddings": False}
+    assert not {"insert_layer", "ffn_width"} & set(grouped.hparams)  # folded, not repeated
+    assert_same_weights(grouped, flat)
+    if recurrence:
+        assert grouped.recurrence.config == WindowRecurrence.Config(**RECURRENCE_KNOBS)
+        assert flat.recurrence.config == grouped.recurrence.config
+        assert isinstance(grouped.recurrence.ffn.net[1], torch.nn.GELU)
+    else:
+        assert grouped.recurrence is None and flat.recurrence is None  # the windowed baseline
+
+
+def test_a_checkpoint_with_the_old_flat_hyperparameters_loads_into_the_same_knobs_and_weights(tmp_path):
+    model = module(**RECURRENCE_KNOBS)
+    path = save_with_hparams(model, FLAT_HPARAMS, tmp_path / "flat.ckpt")
+    loaded = RecurrentGPT2LM.load_from_checkpoint(path, eval_h_prev="reset")
+    assert loaded.recurrence.config == WindowRecurrence.Config(**RECURRENCE_KNOBS)
+    assert dict(loaded.hparams) == {**model.hparams, "eval_h_prev": "reset"}
+    assert_same_weights(loaded, model)
+    baseline = module(recurrence=False)
+    path = save_with_hparams(baseline, {**FLAT_HPARAMS, "recurrence": False}, tmp_path / "window.ckpt")
+    loaded = RecurrentGPT2LM.load_from_checkpoint(path)
+    assert loaded.recurrence is None and loaded.hparams["recurrence"] is False
+    assert_same_weights(loaded, baseline)
+
+
+def test_config_build_equals_the_recurrence_from_its_fields():
+    config = WindowRecurrence.Config(**RECURRENCE_KNOBS)
+    torch.manual_seed(0)
+    built = config.build(D, N_LAYER)
+    torch.manual_seed(0)
+    positional = WindowRecurrence(D, N_LAYER, 1, 8, 2, "gelu", False, False)
+    torch.manual_seed(0)
+    named = WindowRecurrence(D, N_LAYER, **RECURRENCE_KNOBS)
+    assert built.config == positional.config == named.config == config
+    assert_same_weights(built, positional)
+    assert_same_weights(built, named)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"insert_layer": -1}, r"^insert_layer \(ℓ_ins\) counts blocks from 0, got -1$"),
+        ({"ffn_width": 0}, r"^the FFN needs ffn_width >= 1 and ffn_hidden_layers >= 0, got 0 and 3$"),
+        (
+            {"ffn_activation": "swish"},
+            r"^ffn_activation must be one of \['gelu', 'relu', 'tanh'\], got '\w+'$",
+        ),
+    ],
+)
+def test_a_bad_recurrence_knob_is_one_line_when_the_config_is_made(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        WindowRecurrence.Config(**knobs)
+
+
+def test_an_insert_layer_beyond_the_lm_is_one_line_when_built():
+    with pytest.raises(ValueError, match=r"^insert_layer \(ℓ_ins\) must be in \[0, 4\), got 4$"):
+        WindowRecurrence.Config(insert_layer=4).build(D, N_LAYER)

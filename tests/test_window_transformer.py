@@ -15,6 +15,7 @@ from longctx.cli import main
 from longctx.methods.window_transformer.flops import flops_per_token
 from longctx.methods.window_transformer.module import WindowTransformerLM
 from longctx.methods.window_transformer.network import CausalSelfAttention, WindowTransformer
+from tests.knob_checks import assert_same_weights, save_with_hparams
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = dict(vocab_size=37, d_model=24, n_layers=2, n_heads=3, d_inner=40, max_len=16, dropout=0.0)
@@ -93,3 +94,95 @@ def test_recipe_config_trains_two_steps_through_the_cli(tmp_path, monkeypatch):
     assert math.isfinite(float(metrics["train/loss"])) and float(metrics["val/loss"]) < math.log(256) + 0.5
     assert float(metrics["val/flops_per_token"]) == model.flops_per_token(32)
     assert (tmp_path / "runs" / "baseline" / "checkpoints" / "last.ckpt").is_file()
+
+
+# ------------------------------------------------------------------ knobs (issue 21: one source per knob)
+# Recorded before `WindowTransformer.Config` existed: the knobs moved, the weights' names did not.
+STATE_DICT_KEYS = [
+    "net.token_emb.weight", "net.pos_emb.weight",
+    *(
+        f"net.blocks.{i}.{name}"
+        for i in range(2)
+        for name in (
+            "ln_attn.weight", "ln_attn.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.out.weight",
+            "attn.out.bias", "ln_ff.weight", "ln_ff.bias", "ff.0.weight", "ff.0.bias", "ff.2.weight",
+            "ff.2.bias",
+        )
+    ),
+    "net.ln_final.weight", "net.ln_final.bias", "net.head.weight",
+]  # fmt: skip
+# What `WindowTransformerLM(**SIZES)` saved as hyper_parameters before the group.
+FLAT_HPARAMS = dict(SIZES)
+NETWORK = WindowTransformer.Config(d_model=24, n_layers=2, n_heads=3, d_inner=40, max_len=16, dropout=0.0)
+
+
+def test_the_module_from_its_network_group_equals_the_one_from_flat_keywords():
+    torch.manual_seed(0)
+    grouped = WindowTransformerLM(vocab_size=37, network=NETWORK)
+    torch.manual_seed(0)
+    flat = WindowTransformerLM(**FLAT_HPARAMS)
+    assert grouped.net.config == flat.net.config == NETWORK
+    assert dict(grouped.hparams) == dict(flat.hparams) == {"vocab_size": 37, "network": vars(NETWORK)}
+    assert_same_weights(grouped, flat)
+    assert list(grouped.state_dict()) == STATE_DICT_KEYS
+
+
+def test_a_checkpoint_with_the_old_flat_hyperparameters_loads_into_the_same_knobs_and_weights(tmp_path):
+    torch.manual_seed(0)
+    model = WindowTransformerLM(vocab_size=37, network=NETWORK)
+    path = save_with_hparams(model, FLAT_HPARAMS, tmp_path / "flat.ckpt")
+    loaded = WindowTransformerLM.load_from_checkpoint(path)
+    assert loaded.net.config == NETWORK and dict(loaded.hparams) == dict(model.hparams)
+    assert_same_weights(loaded, model)
+    # A flat keyword at loading still overrides its knob.
+    assert WindowTransformerLM.load_from_checkpoint(path, dropout=0.3).net.config.dropout == 0.3
+
+
+def test_config_build_equals_the_network_from_its_fields():
+    torch.manual_seed(0)
+    built = NETWORK.build(37)
+    torch.manual_seed(0)
+    positional = WindowTransformer(37, 24, 2, 3, 40, 16, 0.0)
+    torch.manual_seed(0)
+    named = WindowTransformer(**SIZES)
+    assert built.config == positional.config == named.config == NETWORK
+    assert_same_weights(built, positional)
+    assert_same_weights(built, named)
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ({"n_heads": 5}, r"^d_model \(128\) must be divisible by n_heads \(5\)$"),
+        ({"max_len": 0}, r"^max_len must be at least 1, got 0$"),
+        ({"dropout": 1.5}, r"^dropout must be in \[0, 1\), got 1.5$"),
+    ],
+)
+def test_a_bad_network_knob_is_one_line_when_the_config_is_made(field, message):
+    with pytest.raises(ValueError, match=message):
+        WindowTransformer.Config(**field)
+
+
+def test_through_the_cli_a_bad_knob_and_a_knob_under_its_old_flat_name_are_one_line(tmp_path, monkeypatch):
+    """jsonargparse builds the group before the module (its check would be a traceback); the old flat
+    key, and a misspelt one, name where the knob lives now."""
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "fit", "--config", str(REPO / "configs" / "window_transformer_tiny.yaml"),
+        "--data.corpus", "sample", "--data.split_sources", "null",
+        "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger", "false",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.network.n_heads", "5"])
+    assert exit_info.value.code == (
+        "error: model: WindowTransformerLM: d_model (128) must be divisible by n_heads (5)"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.d_model", "64"])
+    assert exit_info.value.code == (
+        "error: model: WindowTransformerLM has no option 'd_model' "
+        "(it moved to model.init_args.network.d_model)"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.d_modle", "64"])
+    assert exit_info.value.code.endswith("has no option 'd_modle' (did you mean network.d_model?)")

@@ -110,7 +110,7 @@ def _set_attended(model: TransformerXLLM, data: LMDataModule, length: int) -> No
 
 def _max_positions(model: LMBase) -> int | None:
     if isinstance(model, WindowTransformerLM):
-        return model.hparams.max_len
+        return model.net.config.max_len
     if isinstance(model, RecurrentGPT2LM):
         return model.lm.config.n_positions
     return None

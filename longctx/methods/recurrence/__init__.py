@@ -59,6 +59,11 @@ windows of a batch (0 … K − 1); L (the GPT-2's blocks, HF's `n_layer`) is `n
 `chunked_loss.py` (the LM head's loss without the whole logits) and `eval_h_prev`
 (module.py:RecurrentGPT2LM.eval_h_prev: h_prev cut at evaluation, for `context`) are longctx's.
 
+The recurrence's knobs (ℓ_ins, the FFN, pooling, slot_norm) have one source,
+network.py:WindowRecurrenceConfig (`WindowRecurrence.Config`, `.build(d_model, n_layers)`), the
+module's `window_recurrence` group (`model.init_args.window_recurrence.insert_layer`); the GPT-2 is
+described apart (`pretrained` or `gpt2_config`), and `recurrence: false` switches the group off.
+
 Files: `network.py` (the slot, pooling, FFN and the loop over windows), `memory.py`, `bptt.py`,
 `chunked_loss.py`, `flops.py`, `overlaps.py` and `overlap_record.py` (the overlap sweep), `hf.py`,
 `export.py` (a checkpoint's GPT-2 as a Hugging Face directory), `module.py` (the LightningModule).

@@ -55,11 +55,13 @@ class RecurrentGPT2LM(LMBase):
             RecurrentGPT2LM Lightning checkpoint (`.ckpt`: its GPT-2, the recurrence's weights left out).
         gpt2_config: instead of `pretrained`, `GPT2Config` fields (n_layer, n_embd, n_head,
             n_positions, dropouts...) of a randomly initialised GPT-2.
-        recurrence: add the recurrence (False: the windowed baseline).
-        insert_layer: ℓ_ins, the 0-based block that reads h_prev (paper: 2).
-        ffn_width, ffn_hidden_layers, ffn_activation: the FFN z -> h_prev (paper: 3 hidden layers of 200).
-        pool_embeddings: pool the embedding output too (L + 1 layer weights instead of L).
-        slot_norm: h_prev enters block ℓ_ins through its `ln_1` like any hidden state.
+        recurrence: add the recurrence (False: the windowed baseline, which ignores `window_recurrence`).
+        window_recurrence: the recurrence's knobs (`WindowRecurrence.Config`: insert_layer ℓ_ins, the
+            0-based block that reads h_prev (paper: 2); ffn_width, ffn_hidden_layers, ffn_activation,
+            the FFN z -> h_prev (paper: 3 hidden layers of 200); pool_embeddings; slot_norm); in
+            configs `model.init_args.window_recurrence.insert_layer`. Python callers and checkpoints
+            saved before the group existed may give them as flat keywords (`insert_layer=1`): they
+            are folded into it.
         checkpoint_windows: gradient checkpointing per window in training (paper §3.2).
         window_by_window: with `checkpoint_windows`, run the backward one window at a time in reverse
             (`bptt.py`: the memory of one window, gradients included); False: `torch.utils.checkpoint`
@@ -88,12 +90,7 @@ class RecurrentGPT2LM(LMBase):
         pretrained: str | None = None,
         gpt2_config: dict[str, Any] | None = None,
         recurrence: bool = True,
-        insert_layer: int = 2,
-        ffn_width: int = 200,
-        ffn_hidden_layers: int = 3,
-        ffn_activation: Literal["relu", "gelu", "tanh"] = "relu",
-        pool_embeddings: bool = False,
-        slot_norm: bool = True,
+        window_recurrence: WindowRecurrence.Config = WindowRecurrence.Config(),  # noqa: B008 (frozen)
         checkpoint_windows: bool = True,
         window_by_window: bool = True,
         checkpoint_blocks: bool = False,
@@ -102,23 +99,16 @@ class RecurrentGPT2LM(LMBase):
         eval_h_prev: Literal["carried", "reset"] = "carried",
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
+        **flat: Any,
     ) -> None:
+        groups = self.fold_knobs(dict(window_recurrence=window_recurrence), flat)
+        window_recurrence = groups["window_recurrence"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
         self.lm = build_lm(pretrained, gpt2_config, vocab_size, attn_implementation)
+        config = self.lm.config
         self.recurrence = (
-            WindowRecurrence(
-                d_model=self.lm.config.hidden_size,
-                n_layers=self.lm.config.num_hidden_layers,
-                insert_layer=insert_layer,
-                ffn_width=ffn_width,
-                ffn_hidden_layers=ffn_hidden_layers,
-                ffn_activation=ffn_activation,
-                pool_embeddings=pool_embeddings,
-                slot_norm=slot_norm,
-            )
-            if recurrence
-            else None
+            window_recurrence.build(config.hidden_size, config.num_hidden_layers) if recurrence else None
         )
         if eval_h_prev not in ("carried", "reset"):
             raise ValueError(f"eval_h_prev must be 'carried' or 'reset', got {eval_h_prev!r}")

@@ -39,12 +39,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from longctx.core.knob_groups import network_config
 from longctx.methods.recurrence.bptt import reverse_window_bptt
 from longctx.methods.recurrence.chunked_loss import linear_cross_entropy
 
@@ -238,39 +240,67 @@ class RecurrenceFFN(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------- windows
+@dataclass(frozen=True)
+class WindowRecurrenceConfig:
+    """The recurrence's knobs, their one source (`WindowRecurrence.Config`; issue 21). The LM it runs
+    around (its d_model and n_layers) is described apart, so `build` takes those.
+
+    insert_layer: ℓ_ins, the 0-based block that reads h_prev (paper: 2; below the LM's n_layers).
+    ffn_width, ffn_hidden_layers, ffn_activation: the FFN z -> h_prev (paper: 3 hidden layers of 200;
+        0 hidden layers: one linear map).
+    pool_embeddings: also pool the embedding output (L + 1 layer weights instead of L).
+    slot_norm: feed h_prev through block ℓ_ins's `ln_1` before its key/value projection.
+    """
+
+    insert_layer: int = 2
+    ffn_width: int = 200
+    ffn_hidden_layers: int = 3
+    ffn_activation: Literal["relu", "gelu", "tanh"] = "relu"
+    pool_embeddings: bool = False
+    slot_norm: bool = True
+
+    def __post_init__(self) -> None:
+        if self.insert_layer < 0:
+            raise ValueError(f"insert_layer (ℓ_ins) counts blocks from 0, got {self.insert_layer}")
+        if self.ffn_width < 1 or self.ffn_hidden_layers < 0:
+            raise ValueError(
+                f"the FFN needs ffn_width >= 1 and ffn_hidden_layers >= 0, got {self.ffn_width} and "
+                f"{self.ffn_hidden_layers}"
+            )
+        if self.ffn_activation not in ACTIVATIONS:
+            raise ValueError(
+                f"ffn_activation must be one of {sorted(ACTIVATIONS)}, got {self.ffn_activation!r}"
+            )
+
+    def build(self, d_model: int, n_layers: int) -> WindowRecurrence:
+        """The recurrence around an LM of hidden size `d_model` with `n_layers` blocks."""
+        return WindowRecurrence(d_model, n_layers, self)
+
+
 class WindowRecurrence(nn.Module):
     """The recurrence around a causal LM: layer weights, FFN, and the loop over K windows carrying h_prev.
 
     The LM is an argument of every call, not a sub-module, so a module holding both keeps the LM's
     parameter names (`lm.*`) whether or not it has the recurrence (the windowed baseline).
 
-    Args:
-        d_model, n_layers: the LM's hidden size and number of blocks.
-        insert_layer: ℓ_ins (0-based block index).
-        ffn_width, ffn_hidden_layers, ffn_activation: the FFN (paper 3 × 200).
-        pool_embeddings: also pool the embedding output (L + 1 layer weights instead of L).
-        slot_norm: feed h_prev through block ℓ_ins's `ln_1` before its key/value projection.
+    `WindowRecurrence(d_model, n_layers, config)` with a `WindowRecurrence.Config`, or
+    `WindowRecurrence(d_model, n_layers, insert_layer=..., ...)` with its fields as arguments
+    (positional in the Config's order, or by name); d_model, n_layers: the LM's hidden size and
+    number of blocks.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_layers: int,
-        insert_layer: int = 2,
-        ffn_width: int = 200,
-        ffn_hidden_layers: int = 3,
-        ffn_activation: str = "relu",
-        pool_embeddings: bool = False,
-        slot_norm: bool = True,
-    ) -> None:
+    Config = WindowRecurrenceConfig
+
+    def __init__(self, d_model: int, n_layers: int, *knobs: Any, **named_knobs: Any) -> None:
         super().__init__()
-        if not 0 <= insert_layer < n_layers:
-            raise ValueError(f"insert_layer (ℓ_ins) must be in [0, {n_layers}), got {insert_layer}")
-        self.insert_layer = insert_layer
-        self.pool_embeddings = pool_embeddings
-        self.slot_norm = slot_norm
-        self.pooling = LayerPooling(n_layers + int(pool_embeddings))
-        self.ffn = RecurrenceFFN(d_model, ffn_width, ffn_hidden_layers, ffn_activation)
+        self.config = config = network_config(WindowRecurrenceConfig, knobs, named_knobs)
+        if config.insert_layer >= n_layers:
+            raise ValueError(f"insert_layer (ℓ_ins) must be in [0, {n_layers}), got {config.insert_layer}")
+        self.insert_layer = config.insert_layer
+        self.pool_embeddings = config.pool_embeddings
+        self.slot_norm = config.slot_norm
+        self.pooling = LayerPooling(n_layers + int(config.pool_embeddings))
+        self.ffn = RecurrenceFFN(d_model, config.ffn_width, config.ffn_hidden_layers, config.ffn_activation)
 
     def slot_for(self, lm: nn.Module, h_prev: Tensor | None, present: Tensor | None) -> RecurrenceSlot | None:
         """The slot from h_prev (B, d) for the rows in `present` (B,), or None without h_prev. Rows not

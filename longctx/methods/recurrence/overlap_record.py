@@ -23,6 +23,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from longctx.atomic import write_json_atomic, write_text_atomic
+from longctx.core.base import LMBase
 from longctx.run_layout import SUMMARY
 
 ROWS_KEY = "overlaps"
@@ -31,7 +32,7 @@ SOURCE_KEY = "overlaps_of"
 
 def evaluated(
     trainer: pl.Trainer,
-    model: pl.LightningModule,
+    model: LMBase,
     datamodule: pl.LightningDataModule,
     ckpt_path: str | None,
     split: str,
@@ -48,7 +49,9 @@ def evaluated(
         }
     stage = "test" if split == "test" else "val"
     settings = {
-        "model": dict(model.hparams),
+        # Knob groups under their flat names, as versions before the groups recorded them: a record
+        # they wrote is still recognised.
+        "model": model.flatten_knobs(dict(model.hparams)),
         "data": {k: v for k, v in datamodule.hparams.items() if k != "eval_overlap"},
         "limit_batches": getattr(trainer, f"limit_{stage}_batches"),
         "precision": str(trainer.precision),

@@ -22,5 +22,8 @@ Notation (files of this folder; § = X: Transformer-XL's section, G: GPT-2's):
 | FLOPs  | forward cost per token, (L + 1)/2 keys per      | ours  | flops.py:flops_per_token                |
 |        | query on average                                |       |                                         |
 
+The network's knobs have one source, network.py:WindowTransformerConfig (`WindowTransformer.Config`,
+`.build(vocab_size)`), the module's `network` group (`model.init_args.network.d_model`).
+
 Files: `network.py` (pure PyTorch), `flops.py`, `module.py` (the LightningModule).
 """

@@ -8,6 +8,8 @@ predicted from one token and the last from L. This is the cost/quality floor the
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -22,9 +24,10 @@ class WindowTransformerLM(LMBase):
     """A GPT-2-style causal transformer over independent windows.
 
     Args:
-        d_model, n_layers, n_heads, d_inner: sizes.
-        max_len: learned positions, at least the longest segment (data.tgt_len and data.eval_tgt_len).
-        dropout: embedding, attention and residual dropout.
+        network: the network's knobs (`WindowTransformer.Config`: d_model, n_layers, n_heads,
+            d_inner, max_len, dropout); in configs `model.init_args.network.d_model`. Python callers
+            and checkpoints saved before the group existed may give them as flat keywords
+            (`WindowTransformerLM(vocab_size=V, d_model=64)`): they are folded into it.
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
     """
 
@@ -33,18 +36,15 @@ class WindowTransformerLM(LMBase):
     def __init__(
         self,
         vocab_size: int = 0,
-        d_model: int = 128,
-        n_layers: int = 4,
-        n_heads: int = 4,
-        d_inner: int = 512,
-        max_len: int = 512,
-        dropout: float = 0.1,
+        network: WindowTransformer.Config = WindowTransformer.Config(),  # noqa: B008 (frozen)
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
+        **flat: Any,
     ) -> None:
+        network = self.fold_knobs(dict(network=network), flat)["network"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
-        self.net = WindowTransformer(vocab_size, d_model, n_layers, n_heads, d_inner, max_len, dropout)
+        self.net = network.build(vocab_size)
 
     def step(self, batch: dict[str, Tensor], memory: None) -> StepOutput:
         x = batch["input"]  # (B, L)
@@ -55,5 +55,5 @@ class WindowTransformerLM(LMBase):
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token on segments of `segment_length` tokens (2 × multiply-accumulates);
         `LMBase` logs it as `{val,test}/flops_per_token`."""
-        h = self.hparams
-        return flops_per_token(h.d_model, h.n_layers, h.d_inner, self.vocab_size, segment_length)
+        c = self.net.config
+        return flops_per_token(c.d_model, c.n_layers, c.d_inner, self.vocab_size, segment_length)

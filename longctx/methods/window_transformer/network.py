@@ -13,10 +13,14 @@ Pure PyTorch: no Lightning here (the module in `module.py` wires it to `LMBase`)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from longctx.core.knob_groups import network_config
 
 
 class CausalSelfAttention(nn.Module):
@@ -61,31 +65,57 @@ class Block(nn.Module):
         return x + self.ff(self.ln_ff(x))
 
 
+@dataclass(frozen=True)
+class WindowTransformerConfig:
+    """The no-memory baseline's network knobs, their one source (`WindowTransformer.Config`; issue 21).
+
+    d_model, n_layers, n_heads, d_inner: sizes (d_model divisible by n_heads).
+    max_len: number of learned positions, the longest window it can read (at least data.tgt_len and
+        data.eval_tgt_len).
+    dropout: on the embeddings, attention probabilities and residual branches.
+    """
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    d_inner: int = 512
+    max_len: int = 512
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_layers", "n_heads", "d_inner", "max_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    def build(self, vocab_size: int) -> WindowTransformer:
+        return WindowTransformer(vocab_size, self)
+
+
 class WindowTransformer(nn.Module):
     """Token ids (B, L) → next-token logits (B, L, V), each row of L tokens read independently.
 
-    Args:
-        vocab_size, d_model, n_layers, n_heads, d_inner: sizes.
-        max_len: number of learned positions, the longest window it can read.
-        dropout: on the embeddings, attention probabilities and residual branches.
+    `WindowTransformer(vocab_size, config)` with a `WindowTransformer.Config`, or
+    `WindowTransformer(vocab_size, d_model, n_layers, n_heads, d_inner, max_len, dropout)` with its
+    fields as arguments (positional in the Config's order, or by name).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        d_inner: int,
-        max_len: int,
-        dropout: float,
-    ) -> None:
+    Config = WindowTransformerConfig
+
+    def __init__(self, vocab_size: int, *knobs: Any, **named_knobs: Any) -> None:
         super().__init__()
-        self.max_len = max_len
+        self.config = config = network_config(WindowTransformerConfig, knobs, named_knobs)
+        d_model, n_layers = config.d_model, config.n_layers
+        self.max_len = config.max_len
         self.token_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = nn.Embedding(max_len, d_model)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_inner, dropout) for _ in range(n_layers))
+        self.pos_emb = nn.Embedding(config.max_len, d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            Block(d_model, config.n_heads, config.d_inner, config.dropout) for _ in range(n_layers)
+        )
         self.ln_final = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.token_emb.weight  # tied (GPT-2)
@@ -106,7 +136,7 @@ class WindowTransformer(nn.Module):
         if self.max_len < L:
             raise ValueError(
                 f"window of {L} tokens is longer than max_len={self.max_len} learned positions: raise "
-                "model.init_args.max_len or lower data.tgt_len / data.eval_tgt_len"
+                "model.init_args.network.max_len or lower data.tgt_len / data.eval_tgt_len"
             )
         positions = torch.arange(L, device=x.device)
         h = self.drop(self.token_emb(x) + self.pos_emb(positions))  # (B, L, d)
