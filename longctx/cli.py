@@ -26,6 +26,7 @@ synced across ranks, while a predict loop would gather unreduced per-rank output
 
 from __future__ import annotations
 
+import dataclasses
 import netrc
 import os
 import re
@@ -242,6 +243,27 @@ class ReportInitErrors(_InstantiatorFn):
         raise error
 
 
+class ReportGroupErrors:
+    """jsonargparse's instantiator for everything the model and data instantiators do not take, which
+    keeps the error a knob group's `__post_init__` raises (`longctx.core.knob_groups`; e.g.
+    `SpanTransformer.Config`): the group is built before its module, and jsonargparse would bury the
+    error as it buries the module's (`ReportInitErrors`)."""
+
+    def __init__(self, cli: LongCtxCLI) -> None:
+        self.cli = cli
+
+    def __call__(self, class_type: type, *args: Any, **kwargs: Any) -> Any:
+        if not dataclasses.is_dataclass(class_type):
+            return class_type(*args, **kwargs)
+        try:
+            return class_type(*args, **kwargs)
+        except (ValueError, TypeError) as err:  # bad settings: the user's to fix
+            error = ConfigError(f"model: {class_type.__name__}: {err}")
+            error.__cause__ = err
+        self.cli.init_error = self.cli.init_error or error
+        raise error
+
+
 class LongCtxCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.init_error: Exception | None = None
@@ -298,6 +320,7 @@ class LongCtxCLI(LightningCLI):
             self.parser.add_instantiator(
                 ReportInitErrors(cli=self, key=key), _get_module_type(cls), subclasses=subclasses
             )
+        self.parser.add_instantiator(ReportGroupErrors(cli=self), object, subclasses=True)
 
     def instantiate_classes(self) -> None:
         try:

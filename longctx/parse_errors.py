@@ -9,6 +9,7 @@ syntax error name its file and line.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
@@ -20,6 +21,7 @@ import yaml
 from jsonargparse import get_loader, set_loader
 from lightning.pytorch.cli import LightningArgumentParser
 
+from longctx.core.knob_groups import group_types
 from longctx.errors import debug_enabled, one_line
 
 
@@ -110,13 +112,21 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     if (match := _UNKNOWN_OPTION.match(detail)) and class_path:
         name = class_path.rsplit(".", 1)[-1]
         detail = f"{name} has no option {match.group(1)!r}"
-        fix = _did_you_mean(match.group(1), _init_parameters(class_path))
+        known = _init_options(class_path)
+        fix = _did_you_mean(match.group(1), list(known), known)
     elif match := _NO_ATTRIBUTE.match(detail):
         detail = f"class_path {class_path or match.group(2)!r}: {detail}"
         fix = _did_you_mean(match.group(2), _module_names(match.group(1)))
     elif match := _NOT_ACCEPTED.match(detail):  # a key in a YAML file that no setting has
         detail = f"unknown setting {match.group(1)!r} in the config"
         fix = _did_you_mean(match.group(1), [option.removeprefix("--") for option in options])
+    elif (match := _UNRECOGNIZED.match(detail)) and class_path:  # inside a class's knob group
+        option = match.group(1).split("=", 1)[0].removeprefix("--")
+        detail = f"{class_path.rsplit('.', 1)[-1]} has no option {option!r}"
+        group, _, field = option.rpartition(".")
+        known = _init_options(class_path).values()
+        siblings = {v.rpartition(".")[2]: v for v in known if v.rpartition(".")[0] == group}
+        fix = _did_you_mean(field, list(siblings), siblings)
     elif match := _UNRECOGNIZED.match(detail):
         detail = detail.replace("Unrecognized arguments", "unknown flag(s)")
         fix = _did_you_mean(match.group(1).split("=", 1)[0], list(options))
@@ -127,18 +137,28 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     return line + (f" ({fix})" if fix else "")
 
 
-def _did_you_mean(name: str, candidates: list[str]) -> str:
+def _did_you_mean(name: str, candidates: list[str], spelled: dict[str, str] | None = None) -> str:
+    """A hint naming the candidates close to `name`, each as `spelled` writes it (default: as is)."""
     close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
-    return f"did you mean {' or '.join(close)}?" if close else ""
+    spelled = spelled or {}
+    return f"did you mean {' or '.join(spelled.get(c, c) for c in close)}?" if close else ""
 
 
-def _init_parameters(class_path: str) -> list[str]:
+def _init_options(class_path: str) -> dict[str, str]:
+    """The options of a class's `__init__`, each → how a config writes it: its parameters, and the
+    fields of its knob groups under the group (`d_model` → `network.d_model`, `longctx.core.knob_groups`),
+    so that a flat name of before the groups points at its new place."""
     try:
         module, name = class_path.rsplit(".", 1)
         cls = getattr(importlib.import_module(module), name)
-        return list(inspect.signature(cls).parameters)
-    except (ImportError, AttributeError, ValueError, TypeError):
-        return []
+        parameters = inspect.signature(cls).parameters.values()
+        known = {p.name: p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
+        for group, (config, _) in group_types(cls.__init__).items():
+            for field in dataclasses.fields(config):
+                known.setdefault(field.name, f"{group}.{field.name}")
+        return known
+    except (ImportError, AttributeError, ValueError, TypeError, NameError):
+        return {}
 
 
 def _module_names(module: str) -> list[str]:

@@ -78,14 +78,14 @@ class Record(Callback):
         self.batches.append({k: v.clone() for k, v in batch.items()})
         self.memories.append(pl_module._memory_for("train", batch))
         self.embeddings.append(pl_module.net.in_emb.weight.detach().clone())
-        if pl_module.hparams.span == "adaptive":
+        if pl_module.net.config.span == "adaptive":
             self.z_before.append(z_ratios(pl_module))
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         self.losses.append(loss.detach().clone())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.hparams.span == "adaptive":
+        if pl_module.net.config.span == "adaptive":
             self.z_after.append(z_ratios(pl_module))
 
 

@@ -92,7 +92,7 @@ def test_config_typo_is_reported(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(quick_args(tmp_path, "--model.init_args.d_modle", "8"))
     # One line, with the fix, and no usage dump (tests/test_user_errors.py has the other typos).
-    message = "error: model: AdaptiveSpanLM has no option 'd_modle' (did you mean d_model?)"
+    message = "error: model: AdaptiveSpanLM has no option 'd_modle' (did you mean network.d_model?)"
     assert exit_info.value.code == message
     assert "usage" not in capsys.readouterr().err
 
