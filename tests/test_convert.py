@@ -28,6 +28,7 @@ from longctx.methods.adaptive_span.convert import (
     vocabulary_from_ids,
 )
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.transformer_xl.convert import read_hf_vocab
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from tests.conftest import shared_dir, skip_without_shared
@@ -41,7 +42,7 @@ ADAPTIVE_SIZES = "d_model: 32, n_layers: 2, n_heads: 4, d_inner: 64, attn_span: 
 ADAPTIVE_CONFIG = f"""\
 model:
   class_path: longctx.methods.adaptive_span.module.AdaptiveSpanLM
-  init_args: {{{ADAPTIVE_SIZES}, span_ramp: 8, dropout: 0.0}}
+  init_args: {{network: {{{ADAPTIVE_SIZES}, span_ramp: 8, dropout: 0.0}}}}
 data:
   corpus: enwik8
 """
@@ -156,6 +157,18 @@ def test_adaptive_span_unseen_bytes_have_probability_zero(adaptive_ckpt):
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 32))
 
 
+def test_adaptive_span_checkpoint_keeps_the_network_group(adaptive_ckpt):
+    """The converted checkpoint's hyperparameters: the config's network group (R included, which
+    their checkpoint does not store), and none of the module's evaluation knobs."""
+    hparams = torch.load(adaptive_ckpt, weights_only=True)["hyper_parameters"]
+    assert hparams["network"]["span_ramp"] == 8 and hparams["network"]["attn_span"] == 256
+    assert "eval_span_cap" not in hparams
+    model = AdaptiveSpanLM.load_from_checkpoint(adaptive_ckpt, eval_span_cap=64)
+    sizes = dict(d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_ramp=8, dropout=0.0)
+    assert model.net.config == SpanTransformer.Config(**sizes)
+    assert model.eval_span_cap == 64
+
+
 @pytest.mark.slow
 def test_adaptive_span_checkpoint_runs_through_lightning_test(adaptive_ckpt):
     """`trainer.test(ckpt_path=DEST)` (what `python -m longctx test --ckpt_path` calls) restores it."""
@@ -177,15 +190,16 @@ def test_every_size_difference_is_reported_at_once_with_the_flags(tmp_path):
     with pytest.raises(ConvertError) as info:
         convert("adaptive-span", config, source, tmp_path / "x.ckpt", vocab=ADAPTIVE / "data")
     assert str(info.value) == (
-        f"{config} does not describe {source}: model.init_args d_model 64 (checkpoint: 32), n_layers 3 "
-        "(checkpoint: 2), d_inner 128 (checkpoint: 64), attn_span 512 (checkpoint: 256); add "
-        "--model.init_args.d_model 32 --model.init_args.n_layers 2 --model.init_args.d_inner 64 "
-        "--model.init_args.attn_span 256 to this command (convert prints them in its evaluate: line)"
+        f"{config} does not describe {source}: model.init_args network.d_model 64 (checkpoint: 32), "
+        "network.n_layers 3 (checkpoint: 2), network.d_inner 128 (checkpoint: 64), network.attn_span 512 "
+        "(checkpoint: 256); add --model.init_args.network.d_model 32 --model.init_args.network.n_layers 2 "
+        "--model.init_args.network.d_inner 64 --model.init_args.network.attn_span 256 to this command "
+        "(convert prints them in its evaluate: line)"
     )
     assert not (tmp_path / "x.ckpt").exists()
     # Those flags fix it.
-    flags = ["--model.init_args.d_model", "32", "--model.init_args.n_layers", "2"]
-    flags += ["--model.init_args.d_inner", "64", "--model.init_args.attn_span", "256"]
+    flags = ["--model.init_args.network.d_model", "32", "--model.init_args.network.n_layers", "2"]
+    flags += ["--model.init_args.network.d_inner", "64", "--model.init_args.network.attn_span", "256"]
     convert("adaptive-span", config, source, tmp_path / "x.ckpt", vocab=ADAPTIVE / "data", overrides=flags)
     assert (tmp_path / "x.ckpt").is_file()
 

@@ -121,8 +121,11 @@ class LMBase(pl.LightningModule):
     @classmethod
     def fold_knobs(cls, given: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
         """The module's knob groups (`given`: each as passed) with its flat keywords folded in
-        (`knob_groups.fold_flat` with `flat_prefixes`); call it first in `__init__`."""
-        return fold_flat(cls.__init__, given, flat, cls.flat_prefixes)
+        (`knob_groups.fold_flat` with `flat_prefixes`); call it first in `__init__`. Lightning's own
+        keys (`_class_path`, which `load_from_checkpoint` passes back from a CLI run's hparams) are
+        not knobs: dropped."""
+        knobs = {key: value for key, value in flat.items() if not key.startswith("_")}
+        return fold_flat(cls.__init__, given, knobs, cls.flat_prefixes)
 
     @classmethod
     def flatten_knobs(cls, init_args: dict[str, Any]) -> dict[str, Any]:
