@@ -67,6 +67,7 @@ _YAML_MARK = re.compile(r'^in "<unicode string>", line (\d+), column (\d+)$')
 _GIVEN_CLASS = re.compile(r"Got value: Namespace\(class_path='([^']+)'")
 _NOT_ACCEPTED = re.compile(r"^Subcommand '\w+' does not accept option '([^']+)'$")
 _UNRECOGNIZED = re.compile(r"^Unrecognized arguments: (\S+)")
+_GROUP_OPTION = re.compile(r"^Group '([^']+)' does not accept option '([^']+)'$")
 
 
 def parse_error_line(message: str, options: list[str] = ()) -> str:
@@ -120,8 +121,7 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
     elif match := _NOT_ACCEPTED.match(detail):  # a key in a YAML file that no setting has
         detail = f"unknown setting {match.group(1)!r} in the config"
         fix = _did_you_mean(match.group(1), [option.removeprefix("--") for option in options])
-    elif (match := _UNRECOGNIZED.match(detail)) and class_path:  # inside a class's knob group
-        option = match.group(1).split("=", 1)[0].removeprefix("--")
+    elif class_path and (option := _group_option(detail)):  # inside a class's knob group
         detail = f"{class_path.rsplit('.', 1)[-1]} has no option {option!r}"
         group, _, field = option.rpartition(".")
         known = _init_options(class_path).values()
@@ -135,6 +135,17 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
         where += (".init_args." if class_path else ".") + ".".join(keys[1:])
     line = f"{where}: {detail}" if where else detail
     return line + (f" ({fix})" if fix else "")
+
+
+def _group_option(detail: str) -> str | None:
+    """The option (`network.d_modle`) a class's knob group does not have, as jsonargparse names it for
+    a flag (`Unrecognized arguments: --network.d_modle=3`) or a YAML key (`Group 'network' does not
+    accept option 'd_modle'`); None for another problem."""
+    if match := _GROUP_OPTION.match(detail):
+        return f"{match.group(1)}.{match.group(2)}"
+    if match := _UNRECOGNIZED.match(detail):
+        return match.group(1).split("=", 1)[0].removeprefix("--")
+    return None
 
 
 def _did_you_mean(name: str, candidates: list[str], spelled: dict[str, str] | None = None) -> str:
