@@ -1,8 +1,9 @@
 """`AdaptiveSpanLM`: Adaptive Attention Span (Sukhbaatar et al. 2019) on the `LMBase` spine.
 
-One module for the three variants of the paper: `span: adaptive` (§2.2, a learned span per head),
-`span: dynamic` (§2.2, z_t = S·σ(vᵀx_t + b)) and `span: fixed` (the same network without the mask,
-the paper's fixed-span comparison). The memory carried across batches is a `SpanCache`: per layer,
+One module for the three variants of the paper, chosen by the network group's `span`
+(`model.init_args.network.span`): `adaptive` (§2.2, a learned span per head), `dynamic` (§2.2,
+z_t = S·σ(vᵀx_t + b)) and `fixed` (the same network without the mask, the paper's fixed-span
+comparison). The memory carried across batches is a `SpanCache`: per layer,
 the hidden states that entered the layer in earlier blocks (the code's `h_cache`).
 
 Training loss = mean NLL + λ·Σ_layers (1/H)·Σ_heads z_i (code: `adapt_span_loss · S · mean(z')` per
