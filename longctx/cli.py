@@ -26,6 +26,7 @@ synced across ranks, while a predict loop would gather unreduced per-rank output
 
 from __future__ import annotations
 
+import dataclasses
 import netrc
 import os
 import re
@@ -69,7 +70,7 @@ from longctx.core.data_facts import DataMismatch
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.errors import debug_enabled, exit_with_error
-from longctx.parse_errors import OneLineParser, ParseError, parse_error_line
+from longctx.parse_errors import OneLineParser, ParseError
 from longctx.run_layout import CONFIG, checkpoint_dir, run_directory
 from longctx.run_lock import RunDirectoryBusy, lock_if_launching
 
@@ -242,23 +243,25 @@ class ReportInitErrors(_InstantiatorFn):
         raise error
 
 
-_GROUP_OWNER = re.compile(
-    r"Subtypes: \[.*<class '[\w.]*\.(LMBase|LMDataModule)'>\]"
-    r".*Given value: Namespace\(class_path='[\w.]*?(\w+)'",
-    re.DOTALL,
-)
+class ReportGroupErrors:
+    """jsonargparse's instantiator for everything the model and data instantiators do not take, which
+    keeps the error a knob group's `__post_init__` raises (`longctx.core.knob_groups`; e.g.
+    `SpanTransformer.Config`): the group is built before its module, and jsonargparse would bury the
+    error as it buries the module's (`ReportInitErrors`)."""
 
+    def __init__(self, cli: LongCtxCLI) -> None:
+        self.cli = cli
 
-def knob_group_error(err: ValueError) -> ConfigError | None:
-    """A knob group's own check (a `Config` dataclass's `__post_init__`, e.g. `--model.init_args.network.
-    n_heads 5`) as one line naming the model, or None for any other error. jsonargparse builds a
-    module's groups before the module's instantiator runs, so `ReportInitErrors` never sees it, and
-    buries it under "Does not validate against any of the Union subtypes" and a dump of every setting."""
-    owner = _GROUP_OWNER.search(str(err))
-    if owner is None:
-        return None
-    key = {"LMBase": "model", "LMDataModule": "data"}[owner.group(1)]
-    return ConfigError(f"{key}: {owner.group(2)}: {parse_error_line(str(err))}")
+    def __call__(self, class_type: type, *args: Any, **kwargs: Any) -> Any:
+        if not dataclasses.is_dataclass(class_type):
+            return class_type(*args, **kwargs)
+        try:
+            return class_type(*args, **kwargs)
+        except (ValueError, TypeError) as err:  # bad settings: the user's to fix
+            error = ConfigError(f"model: {class_type.__name__}: {err}")
+            error.__cause__ = err
+        self.cli.init_error = self.cli.init_error or error
+        raise error
 
 
 class LongCtxCLI(LightningCLI):
@@ -317,15 +320,14 @@ class LongCtxCLI(LightningCLI):
             self.parser.add_instantiator(
                 ReportInitErrors(cli=self, key=key), _get_module_type(cls), subclasses=subclasses
             )
+        self.parser.add_instantiator(ReportGroupErrors(cli=self), object, subclasses=True)
 
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except Exception as err:
+        except Exception:
             if self.init_error is not None:
                 raise self.init_error from self.init_error.__cause__
-            if isinstance(err, ValueError) and (group_error := knob_group_error(err)) is not None:
-                raise group_error from err
             raise
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

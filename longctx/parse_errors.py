@@ -115,8 +115,8 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
         name = class_path.rsplit(".", 1)[-1]
         detail = f"{name} has no option {match.group(1)!r}"
         fix = _unknown_option_fix(match.group(1), class_path, keys[0] if keys else "model")
-    elif (match := _GROUP_OPTION.match(detail)) and class_path:
-        group, option = match.groups()
+    elif class_path and (option := _group_option(detail)):  # a knob group's field: a YAML key or a flag
+        group, option = option
         keys = [*keys, group]
         detail = f"no option {option!r}"
         fix = _did_you_mean(option, _group_fields(class_path, group))
@@ -134,6 +134,18 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
         where += (".init_args." if class_path else ".") + ".".join(keys[1:])
     line = f"{where}: {detail}" if where else detail
     return line + (f" ({fix})" if fix else "")
+
+
+def _group_option(detail: str) -> tuple[str, str] | None:
+    """(group, option) when a class's knob group has no such option, as jsonargparse says it for a
+    YAML key (`Group 'network' does not accept option 'd_modle'`) or a flag (`Unrecognized
+    arguments: --network.d_modle=3`); None for another problem."""
+    if match := _GROUP_OPTION.match(detail):
+        return match.group(1), match.group(2)
+    if (match := _UNRECOGNIZED.match(detail)) and "." in (flag := match.group(1).split("=", 1)[0]):
+        group, _, option = flag.removeprefix("--").rpartition(".")
+        return group, option
+    return None
 
 
 def _did_you_mean(name: str, candidates: list[str]) -> str:

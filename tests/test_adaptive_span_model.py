@@ -3,6 +3,7 @@ every optimizer step, the span logs, the span figure at the end of fit, memory c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 from pathlib import Path
@@ -18,6 +19,7 @@ import longctx.methods.adaptive_span.figures as adaptive_span_figures
 from longctx.methods.adaptive_span.figures import SPAN_FIGURE
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.optim.adagrad import ClippedAdagrad
 from tests.lm_fixtures import SyntheticData, cpu_trainer
 
@@ -78,14 +80,14 @@ class Record(Callback):
         self.batches.append({k: v.clone() for k, v in batch.items()})
         self.memories.append(pl_module._memory_for("train", batch))
         self.embeddings.append(pl_module.net.in_emb.weight.detach().clone())
-        if pl_module.hparams.span == "adaptive":
+        if pl_module.net.config.span == "adaptive":
             self.z_before.append(z_ratios(pl_module))
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         self.losses.append(loss.detach().clone())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.hparams.span == "adaptive":
+        if pl_module.net.config.span == "adaptive":
             self.z_after.append(z_ratios(pl_module))
 
 
@@ -275,3 +277,108 @@ def test_reset_memory_rows_clears_only_those_rows():
     for before, after in zip(memory.h_cache, out.h_cache):
         assert after[1].abs().max() == 0
         torch.testing.assert_close(after[[0, 2]], before[[0, 2]])
+
+
+# ---------------------------------------------------------------------------------- the knobs in groups
+# The flat hyperparameters the module saved before its network's knobs became a group (issue 21), as a
+# CLI run saved them (`_class_path` included): such checkpoints must still load.
+OLD_FLAT_HPARAMS = {
+    "_class_path": "longctx.methods.adaptive_span.module.AdaptiveSpanLM",
+    "vocab_size": 11, "d_model": 8, "n_layers": 2, "n_heads": 2, "d_inner": 16, "attn_span": 16,
+    "dropout": 0.3, "emb_dropout": 0.0, "span": "adaptive", "span_loss": 5e-07, "span_ramp": 32,
+    "span_init": 0.0, "dynamic_bias_init": -4.0, "chunk_size": 64, "span_trim": "head",
+    "eval_span_cap": None, "attention": "sdpa",
+}  # fmt: skip
+# The state-dict keys of that model (n_layers 2), recorded before the change: checkpoints keep loading.
+LAYER_KEYS = [
+    "attn.proj_query.weight", "attn.proj_key.weight", "attn.proj_val.weight", "attn.proj_out.weight",
+    "attn.adaptive_mask.z_ratio", "norm1.weight", "norm1.bias", "ff.fc1.weight", "ff.fc1.bias",
+    "ff.fc2.weight", "ff.fc2.bias", "norm2.weight", "norm2.bias",
+]  # fmt: skip
+STATE_KEYS = [
+    "net.key_pe", "net.in_emb.weight", "net.out_emb.weight", "net.out_emb.bias",
+    *(f"net.layers.{i}.{key}" for i in range(2) for key in LAYER_KEYS),
+]  # fmt: skip
+NETWORK = SpanTransformer.Config(d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16)
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    assert list(a.state_dict()) == list(b.state_dict())
+    for name, tensor in a.state_dict().items():
+        torch.testing.assert_close(tensor, b.state_dict()[name], rtol=0, atol=0)
+
+
+def test_the_module_from_its_network_group_equals_the_one_from_flat_keywords():
+    torch.manual_seed(0)
+    grouped = AdaptiveSpanLM(vocab_size=11, network=NETWORK, eval_span_cap=8)
+    torch.manual_seed(0)
+    flat = AdaptiveSpanLM(
+        vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16, eval_span_cap=8
+    )
+    assert grouped.hparams == flat.hparams
+    network = {
+        k: v
+        for k, v in OLD_FLAT_HPARAMS.items()
+        if k not in ("_class_path", "vocab_size", "span_loss", "eval_span_cap")
+    }
+    assert dict(grouped.hparams) == {
+        "vocab_size": 11,
+        "network": network,
+        "span_loss": 5e-07,
+        "eval_span_cap": 8,
+    }
+    assert grouped.net.config == flat.net.config == NETWORK
+    assert_same_weights(grouped, flat)
+    # A flat keyword overrides the group's field; the group given as a dict (a checkpoint's) is read too.
+    assert AdaptiveSpanLM(vocab_size=11, network=NETWORK, span="fixed").net.config.span == "fixed"
+    assert AdaptiveSpanLM(vocab_size=11, network=dataclasses.asdict(NETWORK)).net.config == NETWORK
+    with pytest.raises(TypeError, match="AdaptiveSpanLM\\(\\) got an unexpected keyword argument 'mem_len'"):
+        AdaptiveSpanLM(vocab_size=11, mem_len=4)
+
+
+def test_the_state_dict_keys_are_those_of_before_the_groups():
+    assert list(AdaptiveSpanLM(vocab_size=11, network=NETWORK).state_dict()) == STATE_KEYS
+
+
+def test_a_checkpoint_with_the_flat_hparams_of_before_loads(tmp_path):
+    torch.manual_seed(0)
+    saved = AdaptiveSpanLM(**{k: v for k, v in OLD_FLAT_HPARAMS.items() if not k.startswith("_")})
+    path = tmp_path / "old.ckpt"
+    torch.save(
+        {"state_dict": saved.state_dict(), "hyper_parameters": OLD_FLAT_HPARAMS,
+         "pytorch-lightning_version": pl.__version__},
+        path,
+    )  # fmt: skip
+    loaded = AdaptiveSpanLM.load_from_checkpoint(path, eval_span_cap=4)
+    assert loaded.net.config == NETWORK and loaded.span_loss == 5e-07 and loaded.eval_span_cap == 4
+    assert loaded.hparams["network"] == dataclasses.asdict(NETWORK)
+    assert_same_weights(loaded, saved)
+
+
+def test_the_network_config_builds_the_network_of_its_fields():
+    torch.manual_seed(0)
+    built = NETWORK.build(11)
+    torch.manual_seed(0)
+    named = SpanTransformer(vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16)
+    torch.manual_seed(0)
+    positional = SpanTransformer(11, 8, 2, 2, 16, 16, 0.3)  # the order of before: d_model .. dropout
+    assert built.config == named.config == positional.config == NETWORK
+    assert_same_weights(built, named)
+    assert_same_weights(built, positional)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            {"span_ramp": -1},
+            r"^attn_span \(8192\) and chunk_size \(64\) must be positive and span_ramp \(-1\) >= 0$",
+        ),
+        ({"d_model": 10, "n_heads": 3}, r"^d_model \(10\) must be divisible by n_heads \(3\)$"),
+        ({"span": "dynamic", "attention": "flex"}, r"^attention 'flex' needs a fixed or adaptive span"),
+        ({"span_trim": "row"}, r"^span_trim must be 'layer' \(the released code\) or 'head', got 'row'$"),
+    ],
+)
+def test_a_bad_network_field_is_one_line_at_config_construction(fields, message):
+    with pytest.raises(ValueError, match=message):
+        SpanTransformer.Config(**fields)

@@ -92,7 +92,7 @@ def test_config_typo_is_reported(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(quick_args(tmp_path, "--model.init_args.d_modle", "8"))
     # One line, with the fix, and no usage dump (tests/test_user_errors.py has the other typos).
-    message = "error: model: AdaptiveSpanLM has no option 'd_modle' (did you mean d_model?)"
+    message = "error: model: AdaptiveSpanLM has no option 'd_modle' (did you mean network.d_model?)"
     assert exit_info.value.code == message
     assert "usage" not in capsys.readouterr().err
 
@@ -250,6 +250,12 @@ def test_a_models_init_error_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(quick_args(tmp_path, "--model.init_args.span_loss", "-1"))
     assert exit_info.value.code == "error: model: AdaptiveSpanLM: span_loss (λ) must be >= 0, got -1.0"
+    with pytest.raises(SystemExit) as exit_info:  # a knob group's check, built before the module
+        main(quick_args(tmp_path, "--model.init_args.network.span_ramp", "-1"))
+    assert exit_info.value.code == (
+        "error: model: SpanTransformerConfig: attn_span (256) and chunk_size (64) must be positive and "
+        "span_ramp (-1) >= 0"
+    )
     with pytest.raises(SystemExit) as exit_info:
         main(quick_args(tmp_path, "--data.batch_size", "0"))
     message = str(exit_info.value.code)

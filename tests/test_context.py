@@ -304,10 +304,11 @@ def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monke
     monkeypatch.setenv("WANDB_MODE", "disabled")
     tiny = {"model.init_args.n_layers": 1, "model.init_args.d_model": 16, "model.init_args.n_heads": 2,
             "model.init_args.d_inner": 32}  # fmt: skip
+    span_network = {key.replace("init_args.", "init_args.network."): value for key, value in tiny.items()}
     configs = {
         "span": write_config(tmp_path / "span.yaml", "adaptive_span_tiny.yaml", {
-            **tiny, "model.init_args.attn_span": 64, "model.init_args.span_init": 0.5,
-            "data.eval_tgt_len": 32}),
+            **span_network, "model.init_args.network.attn_span": 64,
+            "model.init_args.network.span_init": 0.5, "data.eval_tgt_len": 32}),
         "trams": write_config(tmp_path / "trams.yaml", "transformer_xl_tiny.yaml", {
             **{k.replace("init_args.", "init_args.network."): v for k, v in tiny.items()},
             "model.init_args.network.cutoffs": "[]", "model.init_args.network.init_std": 0.5,

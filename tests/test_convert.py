@@ -41,7 +41,7 @@ ADAPTIVE_SIZES = "d_model: 32, n_layers: 2, n_heads: 4, d_inner: 64, attn_span: 
 ADAPTIVE_CONFIG = f"""\
 model:
   class_path: longctx.methods.adaptive_span.module.AdaptiveSpanLM
-  init_args: {{{ADAPTIVE_SIZES}, span_ramp: 8, dropout: 0.0}}
+  init_args: {{network: {{{ADAPTIVE_SIZES}, span_ramp: 8, dropout: 0.0}}}}
 data:
   corpus: enwik8
 """
@@ -156,6 +156,17 @@ def test_adaptive_span_unseen_bytes_have_probability_zero(adaptive_ckpt):
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 32))
 
 
+def test_adaptive_span_checkpoint_keeps_the_architecture_and_loads_into_the_network_group(adaptive_ckpt):
+    """The converted checkpoint's hyperparameters: the sizes and R (which their checkpoint does not
+    store) by flat name, none of the module's evaluation knobs; they load into the network group."""
+    hparams = torch.load(adaptive_ckpt, weights_only=True)["hyper_parameters"]
+    assert hparams["span_ramp"] == 8 and hparams["attn_span"] == 256 and "eval_span_cap" not in hparams
+    model = AdaptiveSpanLM.load_from_checkpoint(adaptive_ckpt, eval_span_cap=64)
+    sizes = dict(d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_ramp=8, span="adaptive")
+    assert {key: getattr(model.net.config, key) for key in sizes} == sizes
+    assert model.eval_span_cap == 64
+
+
 @pytest.mark.slow
 def test_adaptive_span_checkpoint_runs_through_lightning_test(adaptive_ckpt):
     """`trainer.test(ckpt_path=DEST)` (what `python -m longctx test --ckpt_path` calls) restores it."""
@@ -178,14 +189,15 @@ def test_every_size_difference_is_reported_at_once_with_the_flags(tmp_path):
         convert("adaptive-span", config, source, tmp_path / "x.ckpt", vocab=ADAPTIVE / "data")
     assert str(info.value) == (
         f"{config} does not describe {source}: model.init_args d_model 64 (checkpoint: 32), n_layers 3 "
-        "(checkpoint: 2), d_inner 128 (checkpoint: 64), attn_span 512 (checkpoint: 256); add "
-        "--model.init_args.d_model 32 --model.init_args.n_layers 2 --model.init_args.d_inner 64 "
-        "--model.init_args.attn_span 256 to this command (convert prints them in its evaluate: line)"
+        "(checkpoint: 2), d_inner 128 (checkpoint: 64), attn_span 512 (checkpoint: 256); "
+        "add --model.init_args.network.d_model 32 --model.init_args.network.n_layers 2 "
+        "--model.init_args.network.d_inner 64 --model.init_args.network.attn_span 256 to this command "
+        "(convert prints them in its evaluate: line)"
     )
     assert not (tmp_path / "x.ckpt").exists()
     # Those flags fix it.
-    flags = ["--model.init_args.d_model", "32", "--model.init_args.n_layers", "2"]
-    flags += ["--model.init_args.d_inner", "64", "--model.init_args.attn_span", "256"]
+    flags = ["--model.init_args.network.d_model", "32", "--model.init_args.network.n_layers", "2"]
+    flags += ["--model.init_args.network.d_inner", "64", "--model.init_args.network.attn_span", "256"]
     convert("adaptive-span", config, source, tmp_path / "x.ckpt", vocab=ADAPTIVE / "data", overrides=flags)
     assert (tmp_path / "x.ckpt").is_file()
 

@@ -121,8 +121,8 @@ def test_adaptive_span_copies_only_with_a_span_beyond_the_gap(copy_text):
     repeat, ~21 back, fits; the far copy does not), the same budget. Both start at their full span
     (span_init 1): from the paper's start (span R = 32, span_init 0) the spans do not grow to the gap
     in this budget (docs/long_range.md), so S would not matter."""
-    long_span = run_flags("adaptive_span", copy_text, "--model.init_args.span_init", "1.0")
-    short_span = [*long_span, "--model.init_args.attn_span", "24"]
+    long_span = run_flags("adaptive_span", copy_text, "--model.init_args.network.span_init", "1.0")
+    short_span = [*long_span, "--model.init_args.network.attn_span", "24"]
     beyond = marked_loss("span80", long_span, fit("span80", long_span), copy_text)
     within = marked_loss("span24", short_span, fit("span24", short_span), copy_text)
     print(f"marked word starts: adaptive span S=80 {beyond:.3f}, S=24 {within:.3f}")

@@ -68,6 +68,34 @@ def test_unknown_key_in_yaml_names_the_class_and_the_close_option(parser, tmp_pa
     )
 
 
+SPAN = "longctx.methods.adaptive_span.module.AdaptiveSpanLM"
+SPAN_NETWORK = "{network: {d_model: 16, n_heads: 2}}"
+
+
+MOVED = "model: AdaptiveSpanLM has no option"
+TYPO = "model.init_args.network: no option"
+
+
+@pytest.mark.parametrize(
+    "init_args, flags, expected",
+    [
+        ("{d_model: 16}", [], f"{MOVED} 'd_model' (it moved to model.init_args.network.d_model)"),
+        ("{network: {spn: fixed}}", [], f"{TYPO} 'spn' (did you mean span?)"),
+        (SPAN_NETWORK, ["--model.init_args.attn_span", "8"], f"{MOVED} 'attn_span' (it moved to"),
+        (SPAN_NETWORK, ["--model.init_args.network.chunk_sise", "8"], f"{TYPO} 'chunk_sise' (did you mean"),
+    ],
+)
+def test_a_network_knob_outside_or_misspelt_in_its_group_names_its_place(
+    parser, tmp_path, init_args, flags, expected
+):
+    """Adaptive span's network knobs live under model.init_args.network (`SpanTransformer.Config`):
+    the flat name of before says where it moved; a typo inside the group, as a YAML key or a flag,
+    names the group and the close field."""
+    config = write(tmp_path / "c.yaml", f"model:\n  class_path: {SPAN}\n  init_args: {init_args}\n")
+    message = parse_error(parser, ["fit", "--config", str(config), *flags])
+    assert message.startswith(expected), message
+
+
 def test_unknown_key_of_the_data_or_trainer_in_yaml_names_the_close_setting(parser, tmp_path):
     config = write(tmp_path / "c.yaml", CONFIG.replace("corpus: sample", "corpuz: sample"))
     assert parse_error(parser, ["fit", "--config", str(config)]) == (

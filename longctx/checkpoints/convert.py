@@ -9,7 +9,7 @@ ordinary checkpoint for
 
     python -m longctx test --config CONFIG --ckpt_path DEST
 
-Further `--key value` flags override the config, as in `test` (e.g. `--model.init_args.span_ramp 8`).
+Further `--key value` flags override the config, as in `test` (e.g. `--model.init_args.network.span_ramp 8`).
 
 A word vocabulary travels as a text file next to DEST (`<DEST stem>.vocab.txt`, one symbol per
 line, id = line number), read by the data option `data.vocab_file`.

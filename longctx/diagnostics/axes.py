@@ -161,8 +161,8 @@ SPAN_CAP = Axis(
     "span_cap",
     applies=lambda model, data: isinstance(model, AdaptiveSpanLM),
     why_not="it caps the attended distance of adaptive-span models (eval_span_cap)",
-    limits=lambda model, data: (1, model.hparams.attn_span),
-    default_max=lambda model, data: model.hparams.attn_span,
+    limits=lambda model, data: (1, model.net.config.attn_span),
+    default_max=lambda model, data: model.net.config.attn_span,
     set=lambda model, data, length: setattr(model, "eval_span_cap", length),
     flags=lambda model, data, length: ["--model.init_args.eval_span_cap", str(length)],
 )

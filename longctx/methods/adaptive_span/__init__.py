@@ -49,6 +49,12 @@ R `adapt_span_ramp`, λ `adapt_span_loss`, H `nb_heads`, M `block_size`, L `attn
 `get_cache_size()`. The `eval_span_cap` knob (module.py:AdaptiveSpanLM.eval_span_cap) caps the
 attended distance at evaluation only; it is longctx's, not the paper's.
 
+Knobs: the network's are one frozen dataclass, network.py:SpanTransformerConfig (=
+`SpanTransformer.Config`, `model.init_args.network.*` in configs: sizes, S, dropout, span kind, R,
+z' and b at init, chunk size, trimming, attention kernel); the module's own are λ (`span_loss`) and
+`eval_span_cap`. `AdaptiveSpanLM(d_model=..., attn_span=...)` and `SpanTransformer(V, d_model, ...)`
+still take the fields as flat arguments (folded into the Config).
+
 Files: `mask.py` (m_z, z, z_t, trimming), `attention.py` (the band attention), `network.py` (pure
 PyTorch), `memory.py` (the caches), `flops.py`, `figures.py`, `convert.py` (the authors' checkpoints),
 `module.py` (the LightningModule).

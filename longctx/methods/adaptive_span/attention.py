@@ -158,6 +158,23 @@ def _fused_band(
     return out.view(B, H, n, c, Dh)
 
 
+def check_span_knobs(d_model: int, n_heads: int, span: str, span_trim: str, attention: str) -> None:
+    """One line naming a bad choice of a span layer's knobs (`SpanAttention` and
+    `SpanTransformer.Config` both check them, so a bad config fails before anything is built)."""
+    check_attention_kernel(attention)
+    if attention == "flex" and span == "dynamic":
+        raise ValueError(
+            "attention 'flex' needs a fixed or adaptive span (the dynamic span's attended length "
+            "changes every block, a compilation each): use 'sdpa' (fused) or 'eager'"
+        )
+    if d_model % n_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+    if span not in ("fixed", "adaptive", "dynamic"):
+        raise ValueError(f"span must be 'fixed', 'adaptive' or 'dynamic', got {span!r}")
+    if span_trim not in ("layer", "head"):
+        raise ValueError(f"span_trim must be 'layer' (the released code) or 'head', got {span_trim!r}")
+
+
 class SpanAttention(nn.Module):
     """Multi-head attention over the previous S positions with a fixed, adaptive or dynamic span.
 
@@ -181,19 +198,8 @@ class SpanAttention(nn.Module):
         attention: AttentionKernel = "sdpa",
     ) -> None:
         super().__init__()
-        check_attention_kernel(attention)
-        if attention == "flex" and span == "dynamic":
-            raise ValueError(
-                "attention 'flex' needs a fixed or adaptive span (the dynamic span's attended length "
-                "changes every block, a compilation each): use 'sdpa' (fused) or 'eager'"
-            )
+        check_span_knobs(d_model, n_heads, span, span_trim, attention)
         self.attention = attention
-        if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        if span not in ("fixed", "adaptive", "dynamic"):
-            raise ValueError(f"span must be 'fixed', 'adaptive' or 'dynamic', got {span!r}")
-        if span_trim not in ("layer", "head"):
-            raise ValueError(f"span_trim must be 'layer' (the released code) or 'head', got {span_trim!r}")
         self.n_heads, self.head_dim, self.S, self.span = n_heads, d_model // n_heads, attn_span, span
         self.chunk_size, self.span_trim = chunk_size, span_trim
         self.proj_query = nn.Linear(d_model, d_model, bias=False)

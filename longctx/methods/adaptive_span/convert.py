@@ -42,7 +42,8 @@ from longctx.data.tokenize import TEXT8_ALPHABET
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 
 MODEL_CLASS = AdaptiveSpanLM
-# What fixes the tensors' shapes and the cache sizes (the checkpoint does not store R).
+# What fixes the tensors' shapes and the cache sizes (the checkpoint does not store R), by flat name
+# (fields of the network group, `SpanTransformer.Config`).
 ARCH_KEYS = ("d_model", "n_layers", "n_heads", "d_inner", "attn_span", "span", "span_ramp")
 EOS = "<eos>"
 NEWLINE = 10
@@ -166,13 +167,13 @@ def read_checkpoint(source: Path) -> dict[str, Tensor]:
 
 
 def configured(init_args: dict) -> dict:
-    """The config's settings that `architecture` reads from a checkpoint (all are plain init_args)."""
+    """The config's settings that `architecture` reads from a checkpoint (`init_args` by flat name)."""
     return {key: init_args[key] for key in ("d_model", "n_layers", "n_heads", "d_inner", "attn_span", "span")}
 
 
 def architecture(fmt: str, source: Path) -> dict:
-    """The checkpoint's sizes under the config's names (model.init_args), from its tensors' shapes;
-    span_ramp is not stored in their checkpoints (see the note `convert` prints)."""
+    """The checkpoint's sizes under the config's flat names, from its tensors' shapes; span_ramp is
+    not stored in their checkpoints (see the note `convert` prints)."""
     theirs = read_checkpoint(source)
     layers = {int(match.group(1)) for key in theirs if (match := _MASK.fullmatch(key))}
     z = theirs.get("layers.0.attn.attn.adaptive_span._mask.current_val")
@@ -207,9 +208,10 @@ def convert(
             f"adaptive-span checkpoints are byte (enwik8) or character (text8) models; the config's corpus "
             f"{datamodule.info.name} is {unit}-level"
         )
-    if model.hparams.span != "adaptive":
+    network = model.net.config
+    if network.span != "adaptive":
         raise ConvertError(
-            f"the checkpoint has adaptive spans; the config has model.init_args.span: {model.hparams.span}"
+            f"the checkpoint has adaptive spans; the config has model.init_args.network.span: {network.span}"
         )
     unknown = [k for k in theirs if k not in _DIRECT and not _MASK.fullmatch(k) and not _LAYER.fullmatch(k)]
     if unknown:
@@ -226,7 +228,7 @@ def convert(
         )
     targets = [longctx_id(s, unit) for s in symbols]
     V = model.vocab_size
-    S = model.hparams.attn_span
+    S = network.attn_span
     state: dict[str, Tensor] = {
         "net.in_emb.weight": permute_rows(theirs["in_emb.weight"], targets, V),
         "net.out_emb.weight": permute_rows(theirs["out_emb.weight"], targets, V),
@@ -241,15 +243,16 @@ def convert(
             elif tensor.shape != (S,) or not torch.equal(tensor, torch.linspace(1 - S, 0, S)):
                 raise ConvertError(
                     f"{source}: {key} is not linspace(1 - S, 0, S) for the config's attn_span S = {S} "
-                    f"(its length is {tensor.shape[0]}): set model.init_args.attn_span to the checkpoint's"
+                    f"(its length is {tensor.shape[0]}): set model.init_args.network.attn_span to the "
+                    "checkpoint's"
                 )
         elif _LAYER.fullmatch(key):
             state[f"net.{key}"] = tensor
     notes = [
         f"vocabulary: {len(symbols)} symbols of theirs onto {V} longctx ids",
-        f"note: span_ramp is not stored in adaptive-span checkpoints: the config's model.init_args.span_ramp "
-        f"= {model.hparams.span_ramp} must be the --adapt-span-ramp the model was trained with (theirs "
-        "defaults to 32)",
+        "note: span_ramp is not stored in adaptive-span checkpoints: the config's "
+        f"model.init_args.network.span_ramp = {network.span_ramp} must be the --adapt-span-ramp the model "
+        "was trained with (theirs defaults to 32)",
     ]
     unseen = V - sum(t is not None for t in targets)
     if unseen:

@@ -51,8 +51,8 @@ class SpanFigure(pl.Callback):
             return
         path = Path(trainer.default_root_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
-        hparams = pl_module.hparams
-        span_figure(pl_module.head_spans(), hparams.attn_span, hparams.span).savefig(path, dpi=120)
+        config = pl_module.net.config
+        span_figure(pl_module.head_spans(), config.attn_span, config.span).savefig(path, dpi=120)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_image(key="span/by_layer", images=[str(path)])

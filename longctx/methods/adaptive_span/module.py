@@ -1,8 +1,9 @@
 """`AdaptiveSpanLM`: Adaptive Attention Span (Sukhbaatar et al. 2019) on the `LMBase` spine.
 
-One module for the three variants of the paper: `span: adaptive` (§2.2, a learned span per head),
-`span: dynamic` (§2.2, z_t = S·σ(vᵀx_t + b)) and `span: fixed` (the same network without the mask,
-the paper's fixed-span comparison). The memory carried across batches is a `SpanCache`: per layer,
+One module for the three variants of the paper, chosen by the network group's `span`
+(`model.init_args.network.span`): `adaptive` (§2.2, a learned span per head), `dynamic` (§2.2,
+z_t = S·σ(vᵀx_t + b)) and `fixed` (the same network without the mask, the paper's fixed-span
+comparison). The memory carried across batches is a `SpanCache`: per layer,
 the hidden states that entered the layer in earlier blocks (the code's `h_cache`).
 
 Training loss = mean NLL + λ·Σ_layers (1/H)·Σ_heads z_i (code: `adapt_span_loss · S · mean(z')` per
@@ -13,6 +14,8 @@ The paper's symbols and where each lives in this folder: the package docstring (
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
@@ -21,12 +24,10 @@ from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.methods.adaptive_span import flops as span_flops
-from longctx.methods.adaptive_span.attention import SpanKind, SpanTrim
 from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
-from longctx.methods.attention_kernel import AttentionKernel
 from longctx.optim.adagrad import ClippedAdagrad
 
 
@@ -34,30 +35,22 @@ class AdaptiveSpanLM(LMBase):
     """Character-level sequential transformer with adaptive, dynamic or fixed attention spans.
 
     Args:
-        d_model, n_layers, n_heads, d_inner: sizes (paper small: 512, 12, 8, 2048; large: 768, 24, 8, 4096).
-        attn_span: S, the maximum span (paper: 8192).
-        dropout: attention and feed-forward dropout (paper: 0.3 small, 0.4 large).
-        emb_dropout: embedding dropout (code default 0).
-        span: "adaptive", "dynamic" or "fixed".
+        network: the network's knobs, a `SpanTransformer.Config` (sizes, S, dropout, span kind, R,
+            z' at init, b at init, chunk size, span trimming, attention kernel; its docstring says
+            each), default the paper's small model (12 layers, d 512, 8 heads, inner 2048, S 8192,
+            dropout 0.3). In a config: `model.init_args.network.attn_span: 1024`.
         span_loss: λ of the l1 span penalty (paper: 2e-6; 0.5e-6 at S = 8192).
-        span_ramp: R, the ramp length (paper: 32).
-        span_init: initial z' (code: 0).
-        dynamic_bias_init: b at init for dynamic spans (paper: -4).
-        chunk_size: query chunk of the exact band attention (the cost is M·(L + chunk)).
-        span_trim: "head": each head attends (and projects keys/values for) its own trimmed span, so
-            the cost follows every head's span; "layer": the released code's per-layer trimming, where
-            the longest head sets the cost of its layer. Equal outputs (the skipped mask is exactly 0).
         eval_span_cap: at validation/test only, the farthest distance any query attends (1..S; None: no
             cap, the paper's model). Each layer's attended length is trimmed to it, i.e. the span mask
             is multiplied by 1[x <= cap] and renormalised: what the model scores with at most `cap`
             previous tokens (`python -m longctx context` sweeps it). Training ignores it.
-        attention: "sdpa" (the attention in one fused kernel per chunk, default), "eager" (the
-            released code's ops) or "flex" (compiled flex_attention at evaluation, sdpa in training;
-            not with the dynamic span); equal up to the code's renormalisation epsilon (see `attention`).
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
             init_args: jsonargparse carries init_args whose names match over from the default class.
+        **flat: the network's fields as flat keywords (`AdaptiveSpanLM(vocab_size=V, d_model=64,
+            attn_span=256)`), folded into `network`: what Python callers write and what checkpoints
+            saved before the groups existed hold.
     """
 
     batch_mode = "segments"
@@ -65,53 +58,24 @@ class AdaptiveSpanLM(LMBase):
     def __init__(
         self,
         vocab_size: int = 0,
-        d_model: int = 512,
-        n_layers: int = 12,
-        n_heads: int = 8,
-        d_inner: int = 2048,
-        attn_span: int = 8192,
-        dropout: float = 0.3,
-        emb_dropout: float = 0.0,
-        span: SpanKind = "adaptive",
+        network: SpanTransformer.Config = SpanTransformer.Config(),  # noqa: B008 (frozen: immutable)
         span_loss: float = 0.5e-6,
-        span_ramp: int = 32,
-        span_init: float = 0.0,
-        dynamic_bias_init: float = -4.0,
-        chunk_size: int = 64,
-        span_trim: SpanTrim = "head",
         eval_span_cap: int | None = None,
-        attention: AttentionKernel = "sdpa",
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
+        **flat: Any,
     ) -> None:
+        groups = self.fold_knobs(dict(network=network), flat)
+        network = groups["network"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
-        if attn_span <= 0 or span_ramp < 0 or chunk_size <= 0:
-            raise ValueError(
-                f"attn_span ({attn_span}) and chunk_size ({chunk_size}) must be positive and span_ramp "
-                f"({span_ramp}) >= 0"
-            )
         if span_loss < 0:
             raise ValueError(f"span_loss (λ) must be >= 0, got {span_loss}")
-        if eval_span_cap is not None and not 1 <= eval_span_cap <= attn_span:
-            raise ValueError(f"eval_span_cap must be in [1, attn_span = {attn_span}], got {eval_span_cap}")
-        self.net = SpanTransformer(
-            vocab_size=vocab_size,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            d_inner=d_inner,
-            attn_span=attn_span,
-            dropout=dropout,
-            emb_dropout=emb_dropout,
-            span=span,
-            span_ramp=span_ramp,
-            span_init=span_init,
-            dynamic_bias_init=dynamic_bias_init,
-            chunk_size=chunk_size,
-            span_trim=span_trim,
-            attention=attention,
-        )
+        if eval_span_cap is not None and not 1 <= eval_span_cap <= network.attn_span:
+            raise ValueError(
+                f"eval_span_cap must be in [1, attn_span = {network.attn_span}], got {eval_span_cap}"
+            )
+        self.net = network.build(vocab_size)
         self.span_loss = span_loss
         self.eval_span_cap = eval_span_cap
         self._last_spans: list[Tensor] = []
@@ -156,8 +120,9 @@ class AdaptiveSpanLM(LMBase):
         if not out.spans:
             return logs
         z = torch.stack(out.spans).float()  # (n_layers, H)
-        S, R = self.hparams.attn_span, self.hparams.span_ramp
-        if self.hparams.span == "adaptive":  # the parameter z' itself, as the code reads it
+        config = self.net.config
+        S, R = config.attn_span, config.span_ramp
+        if config.span == "adaptive":  # the parameter z' itself, as the code reads it
             z_ratio = torch.stack([layer.attn.adaptive_mask.z_ratio.detach() for layer in self.net.layers])
         else:
             z_ratio = z / S
@@ -178,18 +143,18 @@ class AdaptiveSpanLM(LMBase):
     def head_spans(self) -> list[Tensor]:
         """Per layer the spans of its heads (H,): z for adaptive spans, the last block's mean z_t for
         dynamic spans, S for fixed spans."""
-        if self.hparams.span == "adaptive":
+        config = self.net.config
+        if config.span == "adaptive":
             return [layer.attn.adaptive_mask.z.detach().float().cpu() for layer in self.net.layers]
-        if self.hparams.span == "dynamic" and self._last_spans:
+        if config.span == "dynamic" and self._last_spans:
             return [z.float().cpu() for z in self._last_spans]
-        n_heads = self.hparams.n_heads
-        return [torch.full((n_heads,), float(self.hparams.attn_span)) for _ in self.net.layers]
+        return [torch.full((config.n_heads,), float(config.attn_span)) for _ in self.net.layers]
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per token with each head over its own span (z + R, at most S; `flops.py`),
         counting the re-projection of the cached states every block of `segment_length` tokens (per
         layer or per head, as `span_trim` computes it)."""
-        h = self.hparams
+        h = self.net.config
         spans = [z.tolist() for z in self.head_spans()]
         ramp = 0 if h.span == "fixed" else h.span_ramp
         return span_flops.flops_per_token(
@@ -199,4 +164,4 @@ class AdaptiveSpanLM(LMBase):
 
     def configure_callbacks(self) -> list[pl.Callback]:
         """The span figure (paper Figure 4) for every run with learned spans; see `figures.py`."""
-        return [] if self.hparams.span == "fixed" else [SpanFigure()]
+        return [] if self.net.config.span == "fixed" else [SpanFigure()]

@@ -10,12 +10,14 @@ earlier blocks, so every token attends to its S previous tokens across block bou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind, SpanTrim
+from longctx.core.knob_groups import network_config
+from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind, SpanTrim, check_span_knobs
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.attention_kernel import AttentionKernel
 from longctx.methods.fifo import fifo_append
@@ -47,17 +49,67 @@ class FeedForward(nn.Module):
         return self.fc2(self.dropout(F.relu(self.fc1(h))))
 
 
+@dataclass(frozen=True)
+class SpanTransformerConfig:
+    """The span network's knobs, their one source (`SpanTransformer.Config`; issue 21).
+
+    d_model, n_layers, n_heads, d_inner: sizes (paper small: 512, 12, 8, 2048; large: 768, 24, 8, 4096).
+    attn_span: S, the maximum span (paper: 8192).
+    dropout: on attention probabilities and after the feed-forward ReLU (paper: 0.3 small, 0.4 large).
+    emb_dropout: on the embedding output and before the output projection (code default 0).
+    span: "adaptive" (§2.2, a learned span per head), "dynamic" (§2.2, z_t = S·σ(vᵀx_t + b)) or
+        "fixed" (no mask, the paper's fixed-span comparison).
+    span_ramp: R, the ramp length (paper: 32); span_init: initial z' (code: 0); dynamic_bias_init: b
+        at init for dynamic spans (paper: -4).
+    chunk_size: query chunk of the exact band attention (the cost is M·(L + chunk); `attention`).
+    span_trim: "head": each head attends (and projects keys/values for) its own trimmed span, so the
+        cost follows every head's span; "layer": the released code's per-layer trimming, where the
+        longest head sets the cost of its layer. Equal outputs (the skipped mask is exactly 0).
+    attention: "sdpa" (one fused kernel per chunk, default), "eager" (the released code's ops) or
+        "flex" (compiled flex_attention at evaluation, sdpa in training; not with the dynamic span);
+        equal up to the code's renormalisation epsilon (see `attention`).
+    """
+
+    d_model: int = 512
+    n_layers: int = 12
+    n_heads: int = 8
+    d_inner: int = 2048
+    attn_span: int = 8192
+    dropout: float = 0.3
+    emb_dropout: float = 0.0
+    span: SpanKind = "adaptive"
+    span_ramp: int = 32
+    span_init: float = 0.0
+    dynamic_bias_init: float = -4.0
+    chunk_size: int = 64
+    span_trim: SpanTrim = "head"
+    attention: AttentionKernel = "sdpa"
+
+    def __post_init__(self) -> None:
+        if self.attn_span <= 0 or self.span_ramp < 0 or self.chunk_size <= 0:
+            raise ValueError(
+                f"attn_span ({self.attn_span}) and chunk_size ({self.chunk_size}) must be positive and "
+                f"span_ramp ({self.span_ramp}) >= 0"
+            )
+        check_span_knobs(self.d_model, self.n_heads, self.span, self.span_trim, self.attention)
+
+    def build(self, vocab_size: int) -> SpanTransformer:
+        return SpanTransformer(vocab_size, self)
+
+
 class SpanBlock(nn.Module):
     """Post-LN block (code: `TransformerSeqLayer`): h = LN(h + Attn(h, [h_cache, h])); h = LN(h + FF(h))."""
 
-    def __init__(
-        self, d_model: int, n_heads: int, d_inner: int, attn_span: int, dropout: float, **span_kwargs
-    ) -> None:
+    def __init__(self, config: SpanTransformerConfig) -> None:
         super().__init__()
-        self.attn = SpanAttention(d_model, n_heads, attn_span, dropout, **span_kwargs)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.ff = FeedForward(d_model, d_inner, dropout)
-        self.norm2 = nn.LayerNorm(d_model)
+        c = config
+        self.attn = SpanAttention(
+            c.d_model, c.n_heads, c.attn_span, c.dropout, c.span, c.span_ramp, c.span_init,
+            c.dynamic_bias_init, c.chunk_size, c.span_trim, c.attention,
+        )  # fmt: skip
+        self.norm1 = nn.LayerNorm(c.d_model)
+        self.ff = FeedForward(c.d_model, c.d_inner, c.dropout)
+        self.norm2 = nn.LayerNorm(c.d_model)
 
     def forward(
         self, h: Tensor, h_cache: Tensor, key_pe: Tensor, span_cap: int | None = None
@@ -70,56 +122,22 @@ class SpanBlock(nn.Module):
 class SpanTransformer(nn.Module):
     """Sequential transformer LM with fixed, adaptive or dynamic attention spans.
 
-    Args:
-        vocab_size, d_model, n_layers, n_heads, d_inner: sizes (paper small: 12 layers, 512, 8, 2048).
-        attn_span: S, the maximum span.
-        dropout: on attention probabilities and after the feed-forward ReLU.
-        emb_dropout: on the embedding output and before the output projection (code default 0).
-        span: "adaptive" (§2.2), "dynamic" (§2.2, z_t = S·σ(vᵀx_t + b)) or "fixed" (no mask).
-        span_ramp: R; span_init: initial z'; dynamic_bias_init: b at init (paper: -4).
-        chunk_size: query chunk of the exact band attention (see `span_attention`).
-        span_trim: "head" (each head attends its own trimmed span; exact) or "layer" (the released
-            code: every head of a layer attends the layer's largest span; the reference).
-        attention: "sdpa" (one fused kernel per chunk, default), "eager" (the code's ops) or "flex"
-            (compiled, evaluation); equal up to the code's renormalisation epsilon (see `attention`).
+    `SpanTransformer(vocab_size, config)` with a `SpanTransformer.Config` (its fields document the
+    knobs), or `SpanTransformer(vocab_size, d_model, n_layers, ..., attention=...)` with its fields
+    as arguments (in the Config's order).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        d_inner: int,
-        attn_span: int,
-        dropout: float,
-        emb_dropout: float = 0.0,
-        span: SpanKind = "adaptive",
-        span_ramp: int = 32,
-        span_init: float = 0.0,
-        dynamic_bias_init: float = -4.0,
-        chunk_size: int = 64,
-        span_trim: SpanTrim = "head",
-        attention: AttentionKernel = "sdpa",
-    ) -> None:
+    Config = SpanTransformerConfig
+
+    def __init__(self, vocab_size: int, *knobs: Any, **named_knobs: Any) -> None:
         super().__init__()
-        self.d_model, self.span = d_model, span
-        self.in_emb = nn.Embedding(vocab_size, d_model)
-        self.out_emb = nn.Linear(d_model, vocab_size)
-        self.emb_dropout = nn.Dropout(emb_dropout)
-        self.key_pe = nn.Parameter(torch.randn(d_model // n_heads, attn_span))  # (Dh, S)
-        span_kwargs = dict(
-            span=span,
-            span_ramp=span_ramp,
-            span_init=span_init,
-            dynamic_bias_init=dynamic_bias_init,
-            chunk_size=chunk_size,
-            span_trim=span_trim,
-            attention=attention,
-        )
-        self.layers = nn.ModuleList(
-            SpanBlock(d_model, n_heads, d_inner, attn_span, dropout, **span_kwargs) for _ in range(n_layers)
-        )
+        self.config = config = network_config(SpanTransformerConfig, knobs, named_knobs)
+        self.d_model, self.span = config.d_model, config.span
+        self.in_emb = nn.Embedding(vocab_size, config.d_model)
+        self.out_emb = nn.Linear(config.d_model, vocab_size)
+        self.emb_dropout = nn.Dropout(config.emb_dropout)
+        self.key_pe = nn.Parameter(torch.randn(config.d_model // config.n_heads, config.attn_span))  # (Dh, S)
+        self.layers = nn.ModuleList(SpanBlock(config) for _ in range(config.n_layers))
 
     def cache_sizes(self) -> list[int]:
         """Per layer, how many previous hidden states the next block needs."""
