@@ -26,6 +26,7 @@ synced across ranks, while a predict loop would gather unreduced per-rank output
 
 from __future__ import annotations
 
+import dataclasses
 import netrc
 import os
 import re
@@ -242,6 +243,26 @@ class ReportInitErrors(_InstantiatorFn):
         raise error
 
 
+class ReportGroupErrors:
+    """jsonargparse's instantiator for every other class; a knob group (a dataclass argument of a module,
+    `longctx.core.knob_groups`) whose `__post_init__` refuses a field keeps its one-line error, which
+    jsonargparse would bury in "Does not validate against any of the Union subtypes" and a dump."""
+
+    def __init__(self, cli: LongCtxCLI) -> None:
+        self.cli = cli
+
+    def __call__(self, class_type: type, *args: Any, **kwargs: Any) -> Any:
+        if not dataclasses.is_dataclass(class_type):
+            return class_type(*args, **kwargs)
+        try:
+            return class_type(*args, **kwargs)
+        except (ValueError, TypeError) as err:
+            error = ConfigError(f"{class_type.__name__}: {err}")
+            error.__cause__ = err
+            self.cli.init_error = self.cli.init_error or error
+            raise error from err
+
+
 class LongCtxCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.init_error: Exception | None = None
@@ -298,6 +319,7 @@ class LongCtxCLI(LightningCLI):
             self.parser.add_instantiator(
                 ReportInitErrors(cli=self, key=key), _get_module_type(cls), subclasses=subclasses
             )
+        self.parser.add_instantiator(ReportGroupErrors(self), object, subclasses=True)  # after those
 
     def instantiate_classes(self) -> None:
         try:
