@@ -3,8 +3,15 @@
 The memory carried across batches is, per layer, the last `mem_len` (n_m) inputs of the layer and
 `cmem_len` (n_cm) compressed states, with validity masks (`memory.py`); rows that start a new document
 (PG-19 books) get both cleared; a resumed run restarts them empty, as for Transformer-XL. Training
-uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the `eval_*` values
-(None = the training value), so a checkpoint can be evaluated with longer memories.
+uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the `evaluation` group's
+(`MemoryLengths`, in configs `model.init_args.evaluation.cmem_len`; flat `eval_cmem_len` in Python and
+in checkpoints saved before the groups; None = the training value), so a checkpoint can be evaluated
+with longer memories.
+
+Knobs (issue 21): the network's, Transformer-XL's and f_c's, are one `CompressiveTransformer.Config`
+(`model.init_args.network.*`); the memory lengths, the loss weight, f_c's learning rate and the logging
+switch stay this module's own. Every earlier keyword (`n_layers=`, `compression_rate=`,
+`eval_cmem_len=`) is still accepted and folds into its group (`LMBase.fold_knobs`).
 
 f_c learns only from the reconstruction loss (`network.py`), added to the training loss as
 `reconstruction_weight` × loss (`StepOutput.extra_loss`). Its gradients never mix with the main
