@@ -47,7 +47,7 @@ from longctx.methods.compressive_transformer.memory import (
     evict,
     evicted_count,
 )
-from longctx.methods.transformer_xl.network import TransformerXL, TransformerXLConfig
+from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
     AttentionOutput,
     RelMultiHeadAttention,
@@ -74,9 +74,9 @@ class CompressiveOutput:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CompressiveTransformerConfig(TransformerXLConfig):
+class CompressiveTransformerConfig(TransformerXL.Config):
     """The Compressive Transformer's network knobs, their one source (`CompressiveTransformer.Config`):
-    Transformer-XL's (`TransformerXLConfig`, positional in its order) and, by keyword only:
+    Transformer-XL's (`TransformerXL.Config`, positional in its order) and, by keyword only:
 
     compression: f_c (`compression.py`): "conv" (the paper's best, default), "max_pool", "mean_pool",
         "dilated_conv", "most_used".
