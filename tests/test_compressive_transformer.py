@@ -451,6 +451,12 @@ def test_a_checkpoint_with_the_flat_hyperparameters_of_before_loads(tmp_path):
     assert loaded.eval_lengths == MemoryLengths(mem_len=5, cmem_len=6, clamp_len=0, same_length=False)
     assert loaded.hparams == {**model.hparams, "evaluation": {**model.hparams["evaluation"], "mem_len": 5}}
     assert_same_weights(loaded, model)
+    # Saved with the groups, a flat keyword still overrides its field at loading.
+    torch.save({**torch.load(path, weights_only=True), "hyper_parameters": dict(model.hparams)}, path)
+    again = CompressiveTransformerLM.load_from_checkpoint(path, eval_cmem_len=9, compression_lr=1e-4)
+    assert again.eval_lengths == MemoryLengths(mem_len=8, cmem_len=9, clamp_len=0, same_length=False)
+    assert again.net.config == model.net.config and again.compression_lr == 1e-4
+    assert_same_weights(again, model)
 
 
 def test_the_state_dict_keys_are_those_recorded_before_the_groups():
