@@ -137,9 +137,10 @@ def test_tiny_runs_read_the_same_text_with_the_same_budget_and_size():
     assert max(sizes.values()) <= 1.10 * min(sizes.values()), sizes
     assert sizes["compressive_transformer"] == sizes["transformer_xl"]  # XL's network, f_c on top
     ct = resolve(COMPARE / "tiny_compressive_transformer.yaml")["model"]["init_args"]
-    d, c = ct["d_model"], ct["compression_rate"]
+    net = ct["network"]
+    d, c = net["d_model"], net["compression_rate"]
     assert ct["mem_len"] + ct["cmem_len"] == configs["transformer_xl"]["model"]["init_args"]["mem_len"]
-    assert ct["compression"] == "conv" and ct["n_layers"] * (d * d * c + d) < 0.2 * sizes["transformer_xl"]
+    assert net["compression"] == "conv" and net["n_layers"] * (d * d * c + d) < 0.2 * sizes["transformer_xl"]
     assert sizes["gpt2_window"] < recurrent <= 1.2 * sizes["gpt2_window"]
 
 

@@ -7,7 +7,9 @@ Lightning module's evaluation sizes, logs and separate gradient clipping."""
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
+import lightning
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +18,7 @@ from lightning.pytorch.loggers import Logger
 from longctx.methods.compressive_transformer.compression import Decoder, build_compression
 from longctx.methods.compressive_transformer.flops import macs_per_token
 from longctx.methods.compressive_transformer.memory import evicted_count, reset_compressive_memory_rows
-from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
+from longctx.methods.compressive_transformer.module import CompressiveTransformerLM, MemoryLengths
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
 from tests.lm_fixtures import SyntheticData, cpu_trainer
@@ -389,3 +391,124 @@ def test_the_logger_receives_the_reconstruction_loss_and_each_layers_compressed_
     layers = [val[f"val/compressed_mass_layer{i}"] for i in range(2)]
     assert all(0 < mass < 1 for mass in layers) and val["val/reconstruction_loss"] > 0
     assert val["val/compressed_mass"] == pytest.approx(sum(layers) / 2)
+
+
+# ---------------------------------------------------------------------------------- knob groups (issue 21)
+# The tiny module's hyperparameters as saved before the groups (every knob flat), and its state-dict
+# keys recorded then (tests/fixtures/compressive_transformer_state_keys.txt).
+FLAT_KNOBS = dict(
+    vocab_size=64, n_layers=2, d_model=16, n_heads=2, d_head=None, d_inner=32, d_embed=None, dropout=0.0,
+    dropatt=0.0, pre_lnorm=False, cutoffs=[8, 32], div_val=2, tie_weight=True, tie_projs=None,
+    init_std=0.02, proj_init_std=0.01, untie_r=False, attention="sdpa", mem_len=8, cmem_len=4,
+    compression="conv", compression_rate=2, reconstruction="autoencoding", reconstruction_weight=1.0,
+    compression_lr=None, clamp_len=0, same_length=False, eval_mem_len=None, eval_cmem_len=6,
+    eval_clamp_len=None, eval_same_length=None, log_compressed_attention=False,
+)  # fmt: skip
+STATE_KEYS = Path(__file__).parent / "fixtures" / "compressive_transformer_state_keys.txt"
+
+
+def grouped_tiny() -> CompressiveTransformerLM:
+    """`FLAT_KNOBS` given as the groups."""
+    torch.manual_seed(0)
+    network = CompressiveTransformer.Config(
+        n_layers=2, d_model=16, n_heads=2, d_inner=32, dropout=0.0, cutoffs=[8, 32], div_val=2,
+        compression="conv", compression_rate=2, reconstruction="autoencoding",
+    )  # fmt: skip
+    return CompressiveTransformerLM(
+        vocab_size=64, network=network, mem_len=8, cmem_len=4, evaluation=MemoryLengths(cmem_len=6)
+    )
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    assert list(a.state_dict()) == list(b.state_dict())
+    for name, tensor in a.state_dict().items():
+        assert torch.equal(tensor, b.state_dict()[name]), name
+
+
+def test_the_module_from_its_groups_equals_the_one_from_flat_keywords():
+    grouped = grouped_tiny()
+    torch.manual_seed(0)
+    flat = CompressiveTransformerLM(**FLAT_KNOBS)
+    assert grouped.hparams == flat.hparams
+    assert grouped.hparams["network"]["compression_rate"] == 2 and "compression_rate" not in grouped.hparams
+    assert grouped.hparams["evaluation"] == dict(mem_len=None, cmem_len=6, clamp_len=None, same_length=None)
+    assert grouped.net.config == flat.net.config
+    assert (grouped.eval_lengths, grouped.train_lengths) == (flat.eval_lengths, flat.train_lengths)
+    assert grouped.eval_lengths == MemoryLengths(mem_len=8, cmem_len=6, clamp_len=0, same_length=False)
+    assert_same_weights(grouped, flat)
+
+
+def test_a_checkpoint_with_the_flat_hyperparameters_of_before_loads(tmp_path):
+    model = grouped_tiny()
+    path = tmp_path / "before_groups.ckpt"
+    torch.save(
+        {"state_dict": model.state_dict(), "hyper_parameters": dict(FLAT_KNOBS),
+         "pytorch-lightning_version": lightning.__version__},
+        path,
+    )  # fmt: skip
+    loaded = CompressiveTransformerLM.load_from_checkpoint(path, eval_mem_len=5)
+    assert loaded.net.config == model.net.config
+    assert loaded.eval_lengths == MemoryLengths(mem_len=5, cmem_len=6, clamp_len=0, same_length=False)
+    assert loaded.hparams == {**model.hparams, "evaluation": {**model.hparams["evaluation"], "mem_len": 5}}
+    assert_same_weights(loaded, model)
+    # Saved with the groups, a flat keyword still overrides its field at loading.
+    torch.save({**torch.load(path, weights_only=True), "hyper_parameters": dict(model.hparams)}, path)
+    again = CompressiveTransformerLM.load_from_checkpoint(path, eval_cmem_len=9, compression_lr=1e-4)
+    assert again.eval_lengths == MemoryLengths(mem_len=8, cmem_len=9, clamp_len=0, same_length=False)
+    assert again.net.config == model.net.config and again.compression_lr == 1e-4
+    assert_same_weights(again, model)
+
+
+def test_the_state_dict_keys_are_those_recorded_before_the_groups():
+    assert list(grouped_tiny().state_dict()) == STATE_KEYS.read_text().split()
+
+
+def test_config_build_equals_the_network_from_its_fields():
+    config = grouped_tiny().net.config
+    assert isinstance(config, TransformerXL.Config) and config.cutoffs == (8, 32)
+    nets = []
+    for build in (
+        lambda: config.build(64),
+        lambda: CompressiveTransformer(64, config),
+        lambda: CompressiveTransformer(64, 2, 16, 2, 32, dropout=0.0, cutoffs=[8, 32], div_val=2,
+                                       compression_rate=2, reconstruction="autoencoding"),
+        # the form before the Config: the compression's fields first, XL's by keyword
+        lambda: CompressiveTransformer(64, "conv", 2, "autoencoding", n_layers=2, d_model=16, n_heads=2,
+                                       d_inner=32, dropout=0.0, cutoffs=[8, 32], div_val=2),
+    ):  # fmt: skip
+        torch.manual_seed(0)
+        nets.append(build())
+    for net in nets[1:]:
+        assert net.config == config
+        assert_same_weights(net, nets[0])
+    assert {k for k in nets[0].state_dict() if k.startswith("decoders.")}
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(compression_rate=0), r"^compression_rate \(c\) must be >= 1, got 0$"),
+        (dict(compression="avg"), "^compression must be one of conv, max_pool, mean_pool, dilated_conv, "
+         "most_used; got 'avg'$"),
+        (dict(reconstruction="bptt"), "^reconstruction must be 'attention' or 'autoencoding', got 'bptt'$"),
+        (dict(d_model=15), "^d_model \\(15\\) must be even"),  # XL's own check still runs
+    ],
+)  # fmt: skip
+def test_a_bad_network_field_is_one_line_at_config_construction(fields, message):
+    with pytest.raises(ValueError, match=message):
+        CompressiveTransformer.Config(**fields)
+
+
+def test_a_bad_network_field_on_the_command_line_is_its_one_line(tmp_path, capsys):
+    """The Config's error, not jsonargparse's union error and a dump of every setting (cli.py,
+    `ReportGroupErrors`)."""
+    from longctx.cli import main
+
+    config = Path(__file__).parents[1] / "configs" / "compressive_transformer_tiny.yaml"
+    args = ["fit", "--config", str(config), "--data.corpus", "sample", "--data.split_sources", "null",
+            "--data.cache_dir", str(tmp_path), "--trainer.logger", "false",
+            "--model.init_args.network.compression_rate", "0"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == "error: CompressiveTransformerConfig: compression_rate (c) must be >= 1, got 0"
+    assert "Traceback" not in capsys.readouterr().err

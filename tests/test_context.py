@@ -4,6 +4,7 @@ position and document distance, the evaluation knobs it sweeps, and its numbers 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -379,13 +380,22 @@ def test_tables_and_figures_go_to_wandb_unless_disabled(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the Compressive Transformer
 def tiny_compressive_flags(tmp_path: Path) -> list[str]:
-    """`tiny_xl_flags` as a Compressive Transformer: n_s 8, n_m 8, n_cm 8, c 2, 4 validation segments."""
-    flags = tiny_xl_flags(tmp_path)
+    """`tiny_xl_flags` as a Compressive Transformer: n_s 8, n_m 8, n_cm 8, c 2, 4 validation segments
+    (the network's knobs under `network.`)."""
+    from longctx.methods.compressive_transformer.network import CompressiveTransformer
+
+    network = {field.name for field in dataclasses.fields(CompressiveTransformer.Config)}
+    flags = [
+        f"--model.init_args.network.{knob}"
+        if flag.startswith("--model.init_args.") and (knob := flag.rpartition(".")[2]) in network
+        else flag
+        for flag in tiny_xl_flags(tmp_path)
+    ]
     flags[1] = str(REPO / "configs" / "compressive_transformer_tiny.yaml")
     for flag in ("--data.eval_tgt_len", "--model.init_args.mem_len"):
         flags[flags.index(flag) + 1] = "8"
     flags[flags.index("--trainer.limit_val_batches") + 1] = "4"
-    return [*flags, "--model.init_args.cmem_len", "8", "--model.init_args.compression_rate", "2"]
+    return [*flags, "--model.init_args.cmem_len", "8", "--model.init_args.network.compression_rate", "2"]
 
 
 def test_the_compressive_transformer_sweeps_its_compressed_memory_then_its_memory(tmp_path):
@@ -399,7 +409,8 @@ def test_the_compressive_transformer_sweeps_its_compressed_memory_then_its_memor
     assert axis_named("compressed").lengths_for(model, data, None) == [0, 4, 8, 12, 16]
     axis_named("compressed").set(model, data, 4)
     axis_named("memory").set(model, data, 2)
-    assert (model.eval_cmem_len, model.eval_mem_len, model.cmem_len, model.mem_len) == (4, 2, 16, 8)
+    assert (model.eval_lengths.cmem_len, model.eval_lengths.mem_len) == (4, 2)
+    assert (model.train_lengths.cmem_len, model.train_lengths.mem_len) == (16, 8)
     with pytest.raises(AxisError, match="--axis compressed does not apply to TransformerXLLM"):
         axis_named("compressed").lengths_for(tiny_transformer_xl(), data, [1])
 
@@ -414,11 +425,11 @@ def test_a_compressive_transformer_point_equals_the_validate_run_with_its_flags(
                   "--run_name", "ctx", *flags[2:]])  # fmt: skip
     rows = read_csv(tmp_path / "runs" / "ctx" / "context.csv")
     assert [(row["axis"], row["context_length"], row["flags"]) for row in rows] == [
-        ("compressed", "0", "--model.init_args.eval_cmem_len 0"),
-        ("compressed", "4", "--model.init_args.eval_cmem_len 4"),
+        ("compressed", "0", "--model.init_args.evaluation.cmem_len 0"),
+        ("compressed", "4", "--model.init_args.evaluation.cmem_len 4"),
     ]
     assert float(rows[0]["loss"]) != float(rows[1]["loss"])  # the compressed memory is read
-    cli = main(["validate", *flags, "--model.init_args.eval_cmem_len", "4", "--ckpt_path", "ct.ckpt",
+    cli = main(["validate", *flags, "--model.init_args.evaluation.cmem_len", "4", "--ckpt_path", "ct.ckpt",
                 "--run_name", "validate"])  # fmt: skip
     metrics = cli.trainer.callback_metrics
     assert float(rows[1]["loss"]) == float(metrics["val/loss"])  # exactly

@@ -132,14 +132,14 @@ def test_adaptive_span_copies_only_with_a_span_beyond_the_gap(copy_text):
 def test_compressive_transformer_copies_through_its_compressed_memory(copy_text):
     """The Compressive Transformer (n_m 32 + n_cm 16 at c 2, compressive.yaml) on the marked word
     starts whose source lies beyond the segment + n_m, i.e. only in the compressed memory: the same
-    weights tested with `eval_cmem_len 0` lose it (docs/long_range.md, "The Compressive Transformer
+    weights tested with `evaluation.cmem_len 0` lose it (docs/long_range.md, "The Compressive Transformer
     in the sweep"). Measured (with n_cm 16 vs 0, nats): seeds 1, 2, 3 at torch's 2 threads 1.87 vs
     6.41 (0.29x), 1.79 vs 6.35 (0.28x), 0.60 vs 5.26 (0.11x); seed 1 at one thread 2.02 vs 4.53
     (0.45x). A compressed memory that is not read gives 1.0x; 0.6 leaves the worst case room."""
     flags = run_flags("compressive", copy_text, "--data.eval_batch_size", str(EVAL_ROWS))
     ckpt = fit("compressive", flags)
     with_cmem, offset = marked_word_starts("compressive", flags, ckpt, copy_text)
-    without = [*flags, "--model.init_args.eval_cmem_len", "0"]
+    without = [*flags, "--model.init_args.evaluation.cmem_len", "0"]
     cmem_off, _ = marked_word_starts("compressive_cmem0", without, ckpt, copy_text)
     beyond = beyond_memory(offset, copy_text, mem_len=32)
     assert beyond.sum() > 30  # 47 of the 242 word starts: those early in their segment

@@ -19,7 +19,7 @@ A model knob is named by its flat name; its `validate` flag is where the module'
 (`LMBase.knob_path`: eval_mem_len is `--model.init_args.evaluation.mem_len` for Transformer-XL).
 
 The Compressive Transformer sweeps its compressed memory n_cm by default (`compressed`; n_m stays
-the configured eval_mem_len, so the last layer reaches n_m + c·n_cm back) or its memory n_m
+the configured evaluation.mem_len, so the last layer reaches n_m + c·n_cm back) or its memory n_m
 (`--axis memory`, n_cm fixed); both are lengths in attended slots, not in tokens reached.
 TRAMS keeps the share of always-attended slots: at m the newest round(m·kept/attended) slots are kept
 (the configured trams_kept/trams_attended, e.g. 150/200) and the rest is selected from the pool.
@@ -90,7 +90,18 @@ def _has_xl_memory(model: LMBase, data: LMDataModule) -> bool:
 
 
 def _set_memory(model: TransformerXLLM | CompressiveTransformerLM, data: LMDataModule, length: int) -> None:
-    model.eval_mem_len = length
+    if isinstance(model, CompressiveTransformerLM):
+        model.eval_lengths = dataclasses.replace(model.eval_lengths, mem_len=length)
+    else:
+        model.eval_mem_len = length
+
+
+def _eval_mem_len(model: TransformerXLLM | CompressiveTransformerLM) -> int:
+    return model.eval_lengths.mem_len if isinstance(model, CompressiveTransformerLM) else model.eval_mem_len
+
+
+def _set_compressed(model: CompressiveTransformerLM, data: LMDataModule, length: int) -> None:
+    model.eval_lengths = dataclasses.replace(model.eval_lengths, cmem_len=length)
 
 
 def _trams_kept(model: TransformerXLLM, attended: int) -> int:
@@ -132,17 +143,17 @@ MEMORY = Axis(
         "(a TRAMS model sweeps `attended`)"
     ),
     limits=lambda model, data: (0, None),
-    default_max=lambda model, data: model.eval_mem_len,
+    default_max=lambda model, data: _eval_mem_len(model),
     set=_set_memory,
     flags=lambda model, data, length: _flag(model, "eval_mem_len", length),
 )
 COMPRESSED = Axis(
     "compressed",
     applies=lambda model, data: isinstance(model, CompressiveTransformerLM),
-    why_not="it is the compressed memory n_cm of the Compressive Transformer (eval_cmem_len)",
+    why_not="it is the compressed memory n_cm of the Compressive Transformer (evaluation.cmem_len)",
     limits=lambda model, data: (0, None),
-    default_max=lambda model, data: model.eval_cmem_len,
-    set=lambda model, data, length: setattr(model, "eval_cmem_len", length),
+    default_max=lambda model, data: model.eval_lengths.cmem_len,
+    set=_set_compressed,
     flags=lambda model, data, length: _flag(model, "eval_cmem_len", length),
 )
 ATTENDED = Axis(

@@ -10,9 +10,10 @@ Notation (the paper's symbols and where they live; files of this folder):
 | symbol     | meaning                              | longctx                                            |
 |------------|--------------------------------------|----------------------------------------------------|
 | n_s        | segment (window) length              | `data.tgt_len`, `data.eval_tgt_len`                |
-| n_m        | memory slots per layer               | module.py `mem_len`, `eval_mem_len`                |
-| n_cm       | compressed memory slots per layer    | module.py `cmem_len`, `eval_cmem_len`              |
-| c          | compression rate                     | module.py `compression_rate`                       |
+| n_m        | memory slots per layer               | module.py `mem_len`, `evaluation.mem_len`          |
+| n_cm       | compressed memory slots per layer    | module.py `cmem_len`, `evaluation.cmem_len`        |
+| c          | compression rate                     | network.py `CompressiveTransformerConfig`          |
+|            |                                      | `.compression_rate` (`network.compression_rate`)   |
 | f_c        | compression function, one per layer | compression.py:build_compression,                  |
 |            |                                      | network.py:CompressiveTransformer.compressors      |
 | mem, cmem  | memory, compressed memory            | memory.py:CompressiveMemory (hidden, compressed)   |

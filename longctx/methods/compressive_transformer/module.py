@@ -3,8 +3,15 @@
 The memory carried across batches is, per layer, the last `mem_len` (n_m) inputs of the layer and
 `cmem_len` (n_cm) compressed states, with validity masks (`memory.py`); rows that start a new document
 (PG-19 books) get both cleared; a resumed run restarts them empty, as for Transformer-XL. Training
-uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the `eval_*` values
-(None = the training value), so a checkpoint can be evaluated with longer memories.
+uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the `evaluation` group's
+(`MemoryLengths`, in configs `model.init_args.evaluation.cmem_len`; flat `eval_cmem_len` in Python and
+in checkpoints saved before the groups; None = the training value), so a checkpoint can be evaluated
+with longer memories.
+
+Knobs (issue 21): the network's, Transformer-XL's and f_c's, are one `CompressiveTransformer.Config`
+(`model.init_args.network.*`); the memory lengths, the loss weight, f_c's learning rate and the logging
+switch stay this module's own. Every earlier keyword (`n_layers=`, `compression_rate=`,
+`eval_cmem_len=`) is still accepted and folds into its group (`LMBase.fold_knobs`).
 
 f_c learns only from the reconstruction loss (`network.py`), added to the training loss as
 `reconstruction_weight` × loss (`StepOutput.extra_loss`). Its gradients never mix with the main
@@ -24,7 +31,8 @@ averaged over layers, heads, queries and rows, and `compressed_mass_layer{i}`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -32,117 +40,97 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
-from longctx.methods.attention_kernel import AttentionKernel
 from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
-from longctx.methods.compressive_transformer.compression import CompressionKind
 from longctx.methods.compressive_transformer.memory import CompressiveMemory
-from longctx.methods.compressive_transformer.network import CompressiveTransformer, Reconstruction
+from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
-from longctx.methods.transformer_xl.network import TransformerXL
 
-# The arguments of `TransformerXL` that this module takes under the same names.
-XL_NETWORK_KNOBS = tuple(
-    f.name for f in dataclasses.fields(TransformerXL.Config) if f.name != "layer_norm_eps"
-)
+
+@dataclass(frozen=True)
+class MemoryLengths:
+    """The lengths the network runs with (`CompressiveTransformer.forward`): mem_len, cmem_len (n_m,
+    n_cm), clamp_len (cap of relative positions, 0 = none), same_length (equal key count per query).
+
+    As the module's `evaluation` group (flat names `eval_mem_len`, ...), a field None is the training
+    value (`over`), so a checkpoint can be evaluated with longer memories.
+    """
+
+    mem_len: int | None = None
+    cmem_len: int | None = None
+    clamp_len: int | None = None
+    same_length: bool | None = None
+
+    def over(self, training: MemoryLengths) -> MemoryLengths:
+        """These lengths, with `training`'s where a field is None."""
+        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return dataclasses.replace(training, **given)
 
 
 class CompressiveTransformerLM(LMBase):
     """Compressive Transformer language model.
 
     Args:
-        n_layers, d_model, n_heads, d_head, d_inner, d_embed, dropout, dropatt, pre_lnorm, cutoffs,
-            div_val, tie_weight, tie_projs, init_std, proj_init_std, untie_r: Transformer-XL's network
-            (`TransformerXLLM`).
-        mem_len, cmem_len: n_m and n_cm (cmem_len 0 = Transformer-XL).
-        compression, compression_rate: f_c ("conv", "max_pool", "mean_pool", "dilated_conv",
-            "most_used") and c.
-        reconstruction: "attention" (the paper's attention-reconstruction loss) or "autoencoding".
+        network: the network's knobs (`CompressiveTransformer.Config`): Transformer-XL's (n_layers,
+            d_model, n_heads, d_inner, d_head, d_embed, dropout, dropatt, pre_lnorm, cutoffs, div_val,
+            tie_weight, tie_projs, init_std, proj_init_std, layer_norm_eps, untie_r, attention) and f_c's
+            (compression: "conv", "max_pool", "mean_pool", "dilated_conv", "most_used"; compression_rate
+            c; reconstruction: "attention", the paper's attention-reconstruction loss, or
+            "autoencoding"). `attention` is XL's kernel ("sdpa" fused, default, "eager" or "flex"); the
+            layers fall back to the eager ops where the attention weights are needed (most-used
+            compression, the compressed-memory attention logged at evaluation).
+        mem_len, cmem_len: n_m and n_cm in training (cmem_len 0 = Transformer-XL).
+        clamp_len, same_length: cap of relative positions (0 = none), equal key count per query.
+        evaluation: the same four at validation/test (`MemoryLengths`; None = training's).
         reconstruction_weight: the weight of that loss in the training loss (it reaches f_c only).
         compression_lr: f_c's learning rate in its own optimizer group (None: one group, the
             optimizer's learning rate).
-        clamp_len, same_length: cap of relative positions (0 = none), equal key count per query.
-        eval_mem_len, eval_cmem_len, eval_clamp_len, eval_same_length: the same at validation/test
-            (None = training's).
         log_compressed_attention: log the attention on the compressed memory at evaluation. Off by
             default: the fused kernels return no probabilities, so this runs the evaluation
-            attention op by op (the tiny and WikiText-103 configs turn it on).
-        attention: Transformer-XL's attention kernel ("sdpa" fused, default, "eager" or "flex"); the layers
-            fall back to the eager ops where the attention weights are needed (most-used compression,
-            the compressed-memory attention logged at evaluation).
+            attention op by op (the tiny and enwik8 configs turn it on).
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
+        **flat: the groups' fields under their names before the groups (`n_layers=4`,
+            `compression_rate=2`, `eval_cmem_len=32`; `LMBase.fold_knobs`): Python callers and
+            checkpoints saved before them.
     """
 
     batch_mode = "segments"
+    flat_prefixes: ClassVar[dict[str, str]] = {"evaluation": "eval_"}
 
     def __init__(
         self,
         vocab_size: int = 0,
-        n_layers: int = 16,
-        d_model: int = 410,
-        n_heads: int = 10,
-        d_head: int | None = None,
-        d_inner: int = 2100,
-        d_embed: int | None = None,
-        dropout: float = 0.1,
-        dropatt: float = 0.0,
-        pre_lnorm: bool = False,
-        cutoffs: list[int] | None = None,
-        div_val: int = 1,
-        tie_weight: bool = True,
-        tie_projs: list[bool] | None = None,
-        init_std: float = 0.02,
-        proj_init_std: float = 0.01,
-        untie_r: bool = False,
-        attention: AttentionKernel = "sdpa",
+        network: CompressiveTransformer.Config = CompressiveTransformer.Config(),  # noqa: B008 (frozen)
         mem_len: int = 512,
         cmem_len: int = 512,
-        compression: CompressionKind = "conv",
-        compression_rate: int = 3,
-        reconstruction: Reconstruction = "attention",
-        reconstruction_weight: float = 1.0,
-        compression_lr: float | None = None,
         clamp_len: int = 0,
         same_length: bool = False,
-        eval_mem_len: int | None = None,
-        eval_cmem_len: int | None = None,
-        eval_clamp_len: int | None = None,
-        eval_same_length: bool | None = None,
+        evaluation: MemoryLengths = MemoryLengths(),
+        reconstruction_weight: float = 1.0,
+        compression_lr: float | None = None,
         log_compressed_attention: bool = False,
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
+        **flat: Any,
     ) -> None:
+        groups = self.fold_knobs(dict(network=network, evaluation=evaluation), flat)
+        network, evaluation = groups["network"], groups["evaluation"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
-        lengths = dict(mem_len=mem_len, cmem_len=cmem_len, clamp_len=clamp_len, eval_mem_len=eval_mem_len)
-        lengths.update(eval_cmem_len=eval_cmem_len, eval_clamp_len=eval_clamp_len)
+        self.train_lengths = MemoryLengths(mem_len, cmem_len, clamp_len, same_length)
+        self.eval_lengths = evaluation.over(self.train_lengths)
+        lengths = dataclasses.asdict(self.train_lengths)
+        lengths.update({f"eval_{k}": v for k, v in dataclasses.asdict(evaluation).items()})
         if negative := [k for k, v in lengths.items() if (v or 0) < 0]:
             raise ValueError(f"{', '.join(negative)} must be >= 0")
-        if compression_rate < 1:
-            raise ValueError(f"compression_rate (c) must be >= 1, got {compression_rate}")
-        # Transformer-XL's network knobs are this module's arguments of the same names (one list of
-        # them per network is issue 21's `TransformerXL.Config`, not there yet).
-        xl_knobs = {k: self.hparams[k] for k in XL_NETWORK_KNOBS}
         # A word-level recipe's cutoffs on a byte-level corpus: a full softmax, said once.
-        self.cutoffs = cutoffs_within(vocab_size, cutoffs)
-        if len(self.cutoffs) < len(cutoffs or []):
+        self.cutoffs = cutoffs_within(vocab_size, network.cutoffs)
+        if len(self.cutoffs) < len(network.cutoffs):
             rank_zero_info(
-                f"longctx: cutoffs {list(cutoffs or [])} reach past the vocabulary ({vocab_size}): "
+                f"longctx: cutoffs {list(network.cutoffs)} reach past the vocabulary ({vocab_size}): "
                 f"adaptive softmax cutoffs {self.cutoffs or 'none (a full softmax)'}"
             )
-        self.net = CompressiveTransformer(
-            vocab_size,
-            compression=compression,
-            compression_rate=compression_rate,
-            reconstruction=reconstruction,
-            **{**xl_knobs, "cutoffs": self.cutoffs},
-        )
-        self.mem_len, self.cmem_len = mem_len, cmem_len
-        self.clamp_len, self.same_length = clamp_len, same_length
-        self.eval_mem_len = mem_len if eval_mem_len is None else eval_mem_len
-        self.eval_cmem_len = cmem_len if eval_cmem_len is None else eval_cmem_len
-        self.eval_clamp_len = clamp_len if eval_clamp_len is None else eval_clamp_len
-        self.eval_same_length = same_length if eval_same_length is None else eval_same_length
+        self.net = dataclasses.replace(network, cutoffs=tuple(self.cutoffs)).build(vocab_size)
         self.reconstruction_weight = reconstruction_weight
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention
@@ -157,22 +145,22 @@ class CompressiveTransformerLM(LMBase):
     # ------------------------------------------------------------------ cost
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`)."""
-        h, net = self.hparams, self.net
+        config, net = self.net.config, self.net
         return ct_flops.flops_per_token(
             n_layers=net.n_layers,
             d_model=net.d_model,
             n_heads=net.n_heads,
             d_head=net.d_head,
-            d_inner=h.d_inner,
+            d_inner=config.d_inner,
             vocab_size=self.vocab_size,
             segment_length=segment_length,
-            mem_len=self.eval_mem_len,
-            cmem_len=self.eval_cmem_len,
-            compression=h.compression,
-            compression_rate=h.compression_rate,
+            mem_len=self.eval_lengths.mem_len,
+            cmem_len=self.eval_lengths.cmem_len,
+            compression=config.compression,
+            compression_rate=config.compression_rate,
             cutoffs=self.cutoffs,
-            d_embed=h.d_embed,
-            div_val=h.div_val,
+            d_embed=config.d_embed,
+            div_val=config.div_val,
         )
 
     # ------------------------------------------------------------------ step
@@ -181,13 +169,11 @@ class CompressiveTransformerLM(LMBase):
         evaluating = not self.training
         learns = self.net.learns_compression
         need_mass = evaluating and self.log_compressed_attention
+        lengths = self.eval_lengths if evaluating else self.train_lengths
         out = self.net(
             x,
             memory,
-            mem_len=self.eval_mem_len if evaluating else self.mem_len,
-            cmem_len=self.eval_cmem_len if evaluating else self.cmem_len,
-            clamp_len=self.eval_clamp_len if evaluating else self.clamp_len,
-            same_length=self.eval_same_length if evaluating else self.same_length,
+            **dataclasses.asdict(lengths),
             need_reconstruction=learns,
             need_compressed_mass=need_mass,
         )

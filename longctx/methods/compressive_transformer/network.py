@@ -25,13 +25,15 @@ reaches f_c. The auto-encoding loss ‖old_mem − g(f_c(old_mem))‖² with a l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from longctx.core.knob_groups import network_config
 from longctx.methods.compressive_transformer.compression import (
+    COMPRESSIONS,
     CompressionKind,
     Decoder,
     build_compression,
@@ -53,6 +55,8 @@ from longctx.methods.transformer_xl.relative_attention import (
 )
 
 Reconstruction = Literal["attention", "autoencoding"]
+# The Config's fields beyond Transformer-XL's, in the order the network took them positionally before.
+COMPRESSION_FIELDS = ("compression", "compression_rate", "reconstruction")
 
 
 @dataclass
@@ -69,38 +73,65 @@ class CompressiveOutput:
     compressed_mass: Tensor | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class CompressiveTransformerConfig(TransformerXL.Config):
+    """The Compressive Transformer's network knobs, their one source (`CompressiveTransformer.Config`):
+    Transformer-XL's (`TransformerXL.Config`, positional in its order) and, by keyword only:
+
+    compression: f_c (`compression.py`): "conv" (the paper's best, default), "max_pool", "mean_pool",
+        "dilated_conv", "most_used".
+    compression_rate: c (>= 1).
+    reconstruction: how f_c learns: "attention" (the paper's attention-reconstruction loss) or
+        "autoencoding" (a decoder g reconstructs the evicted states).
+    """
+
+    compression: CompressionKind = "conv"
+    compression_rate: int = 3
+    reconstruction: Reconstruction = "attention"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.compression not in COMPRESSIONS:
+            choices = ", ".join(COMPRESSIONS)
+            raise ValueError(f"compression must be one of {choices}; got {self.compression!r}")
+        if self.compression_rate < 1:
+            raise ValueError(f"compression_rate (c) must be >= 1, got {self.compression_rate}")
+        if self.reconstruction not in get_args(Reconstruction):
+            raise ValueError(
+                f"reconstruction must be 'attention' or 'autoencoding', got {self.reconstruction!r}"
+            )
+
+    def build(self, vocab_size: int) -> CompressiveTransformer:
+        return CompressiveTransformer(vocab_size, self)
+
+
 class CompressiveTransformer(TransformerXL):
     """Compressive Transformer language model (network only).
 
-    Args:
-        vocab_size, **xl: Transformer-XL's arguments (`TransformerXL`).
-        compression: f_c (`compression.py`): "conv" (the paper's best, default), "max_pool",
-            "mean_pool", "dilated_conv", "most_used".
-        compression_rate: c.
-        reconstruction: how f_c learns: "attention" (the paper's attention-reconstruction loss) or
-            "autoencoding" (a decoder g reconstructs the evicted states).
+    `CompressiveTransformer(vocab_size, config)` with a `CompressiveTransformer.Config`, or
+    `CompressiveTransformer(vocab_size, n_layers, d_model, ..., compression=..., compression_rate=...,
+    reconstruction=...)` with its fields as arguments (Transformer-XL's positional in their order, the
+    compression's by keyword). The form before the Config, `CompressiveTransformer(vocab_size,
+    compression, compression_rate, reconstruction, **xl)`, still reads the same: a leading positional
+    string is a compression kind (n_layers never is).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        compression: CompressionKind = "conv",
-        compression_rate: int = 3,
-        reconstruction: Reconstruction = "attention",
-        **xl: Any,
-    ) -> None:
-        super().__init__(vocab_size, **xl)
-        if reconstruction not in ("attention", "autoencoding"):
-            raise ValueError(f"reconstruction must be 'attention' or 'autoencoding', got {reconstruction!r}")
-        self.compression_rate, self.reconstruction = compression_rate, reconstruction
+    Config = CompressiveTransformerConfig
+
+    def __init__(self, vocab_size: int, *knobs: Any, **named_knobs: Any) -> None:
+        if knobs and isinstance(knobs[0], str):  # the form before the Config
+            named_knobs = {**dict(zip(COMPRESSION_FIELDS, knobs)), **named_knobs}
+            knobs = knobs[len(COMPRESSION_FIELDS) :]
+        config = network_config(CompressiveTransformerConfig, knobs, named_knobs)
+        super().__init__(vocab_size, config)  # XL's network from the Config's XL fields; self.config = config
+        c = config.compression_rate
+        self.compression_rate, self.reconstruction = c, config.reconstruction
         self.compressors = nn.ModuleList(
-            build_compression(compression, self.d_model, compression_rate) for _ in range(self.n_layers)
+            build_compression(config.compression, self.d_model, c) for _ in range(self.n_layers)
         )
         self.decoders = None
-        if reconstruction == "autoencoding" and self.learns_compression:
-            self.decoders = nn.ModuleList(
-                Decoder(self.d_model, compression_rate) for _ in range(self.n_layers)
-            )
+        if config.reconstruction == "autoencoding" and self.learns_compression:
+            self.decoders = nn.ModuleList(Decoder(self.d_model, c) for _ in range(self.n_layers))
 
     @property
     def learns_compression(self) -> bool:
