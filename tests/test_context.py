@@ -303,16 +303,14 @@ def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monke
     one call: one line per model and variant, and each model's last point equals its `validate` run."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    tiny = {"model.init_args.n_layers": 1, "model.init_args.d_model": 16, "model.init_args.n_heads": 2,
-            "model.init_args.d_inner": 32}  # fmt: skip
-    span_network = {key.replace("init_args.", "init_args.network."): value for key, value in tiny.items()}
+    tiny = {"model.init_args.network.n_layers": 1, "model.init_args.network.d_model": 16,
+            "model.init_args.network.n_heads": 2, "model.init_args.network.d_inner": 32}  # fmt: skip
     configs = {
         "span": write_config(tmp_path / "span.yaml", "adaptive_span_tiny.yaml", {
-            **span_network, "model.init_args.network.attn_span": 64,
+            **tiny, "model.init_args.network.attn_span": 64,
             "model.init_args.network.span_init": 0.5, "data.eval_tgt_len": 32}),
         "trams": write_config(tmp_path / "trams.yaml", "transformer_xl_tiny.yaml", {
-            **{k.replace("init_args.", "init_args.network."): v for k, v in tiny.items()},
-            "model.init_args.network.cutoffs": "[]", "model.init_args.network.init_std": 0.5,
+            **tiny, "model.init_args.network.cutoffs": "[]", "model.init_args.network.init_std": 0.5,
             "model.init_args.trams.attended": 16, "model.init_args.trams.kept": 12,
             "model.init_args.trams.pool": 32, "model.init_args.protocol": "trams"}),
         "gpt2": write_config(tmp_path / "gpt2.yaml", "recurrent_gpt2_tiny.yaml", {

@@ -460,13 +460,14 @@ def test_converted_checkpoint_evaluates_through_the_cli(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------- command line
 def test_overrides_are_never_taken_for_source_or_dest():
-    """`--model.init_args.cutoffs [100,400]` (a separate value, as a shell gives it) is an override."""
-    argv = ["--from", "transfo-xl-hf", "--model.init_args.cutoffs", "[100,400]", "--config", "c.yaml"]
-    argv += ["SRC", "--data.root=../data", "DEST", "--model.init_args.untie_r", "true"]
+    """`--model.init_args.network.cutoffs [100,400]` (a separate value, as a shell gives it): an override."""
+    argv = ["--from", "transfo-xl-hf", "--model.init_args.network.cutoffs", "[100,400]", "--config", "c.yaml"]
+    argv += ["SRC", "--data.root=../data", "DEST", "--model.init_args.network.untie_r", "true"]
     own, overrides = split_overrides(argv)
     assert own == ["--from", "transfo-xl-hf", "--config", "c.yaml", "SRC", "DEST"]
     assert overrides == [
-        "--model.init_args.cutoffs", "[100,400]", "--data.root=../data", "--model.init_args.untie_r", "true",
+        "--model.init_args.network.cutoffs", "[100,400]", "--data.root=../data",
+        "--model.init_args.network.untie_r", "true",
     ]  # fmt: skip
 
 

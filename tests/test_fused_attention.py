@@ -512,7 +512,7 @@ def test_fused_band_attention_drops_normalised_probabilities():
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_the_modules_hand_the_knob_to_every_layer(attention):
-    """`model.init_args.attention` of the configs reaches every attention layer."""
+    """`model.init_args.network.attention` of the configs reaches every attention layer."""
     xl = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention=attention)
     flex = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention="flex")
     assert [layer.attn.attention for layer in flex.net.layers] == ["flex"] * 2

@@ -17,7 +17,7 @@ from longctx.core.base import detach_memory
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs
 from longctx.methods.transformer_xl.memory import XLMemory, reset_memory_rows
-from longctx.methods.transformer_xl.module import TransformerXLLM, drop_last_scored
+from longctx.methods.transformer_xl.module import EvaluationMemory, TransformerXLLM, drop_last_scored
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
@@ -25,6 +25,8 @@ from longctx.methods.transformer_xl.relative_attention import (
     sinusoid_positions,
     window_blocked,
 )
+from longctx.methods.transformer_xl.trams import TramsSettings
+from tests.knob_checks import assert_same_weights, save_with_hparams
 from tests.lm_fixtures import SyntheticData, cpu_trainer
 from tests.methods import tiny_transformer_xl
 
@@ -427,3 +429,78 @@ def test_word_level_cutoffs_on_a_byte_vocabulary_give_a_full_softmax(module, cap
         k: v.shape for k, v in full.net.state_dict().items()
     }
     assert beyond.flops_per_token(16) == full.flops_per_token(16)
+
+
+# ---------------------------------------------------------------------------------- knob groups (issue 21)
+# A tiny model's state-dict keys and `hparams` as the module saved them before the knob groups
+# (recorded at commit 8e5b1a2 with the knobs of `grouped_xl` below): a checkpoint of that time.
+KEYS_BEFORE_GROUPS = [
+    "net.r_w_bias", "net.r_r_bias", *(f"net.word_emb.emb_layers.{i}.weight" for i in range(3)),
+    *(f"net.word_emb.emb_projs.{i}" for i in range(3)), "net.crit.cluster_weight", "net.crit.cluster_bias",
+    *(f"net.crit.out_layers.{i}.{p}" for i in range(3) for p in ("weight", "bias")),
+    *(f"net.crit.out_projs.{i}" for i in range(3)),
+    *(
+        f"net.layers.{i}.{name}"
+        for i in range(2)
+        for name in (
+            "attn.qkv_net.weight", "attn.r_net.weight", "attn.o_net.weight", "attn.layer_norm.weight",
+            "attn.layer_norm.bias", "ff.fc1.weight", "ff.fc1.bias", "ff.fc2.weight", "ff.fc2.bias",
+            "ff.layer_norm.weight", "ff.layer_norm.bias",
+        )
+    ),
+]  # fmt: skip
+FLAT_HPARAMS_BEFORE_GROUPS = {
+    "vocab_size": 40, "n_layers": 2, "d_model": 16, "n_heads": 2, "d_head": None, "d_inner": 32,
+    "d_embed": None, "dropout": 0.1, "dropatt": 0.0, "pre_lnorm": False, "cutoffs": [10, 20], "div_val": 2,
+    "tie_weight": True, "tie_projs": None, "init_std": 0.02, "proj_init_std": 0.01, "untie_r": True,
+    "mem_len": 8, "clamp_len": 0, "same_length": False, "eval_mem_len": None, "eval_clamp_len": None,
+    "eval_same_length": None, "protocol": "xl", "trams_attended": None, "trams_pool": None,
+    "trams_kept": None, "trams_metric": "code", "trams_positions": "compact", "log_attention_mass": False,
+    "eval_cache_kv": True, "attention": "sdpa",
+    "_class_path": "longctx.methods.transformer_xl.module.TransformerXLLM",  # a CLI run's checkpoint
+}  # fmt: skip
+
+
+def grouped_xl(**knobs) -> TransformerXLLM:
+    torch.manual_seed(0)
+    network = TransformerXL.Config(n_layers=2, d_model=16, n_heads=2, d_inner=32, cutoffs=(10, 20), div_val=2,
+                                   untie_r=True)  # fmt: skip
+    return TransformerXLLM(vocab_size=40, network=network, mem_len=8, **knobs)
+
+
+def test_the_module_from_its_groups_equals_the_one_from_flat_keywords():
+    grouped = grouped_xl(evaluation=EvaluationMemory(mem_len=12), trams=TramsSettings(6, 4, pool=12))
+    torch.manual_seed(0)
+    flat = TransformerXLLM(
+        vocab_size=40, n_layers=2, d_model=16, n_heads=2, d_inner=32, cutoffs=[10, 20], div_val=2,
+        untie_r=True, mem_len=8, eval_mem_len=12, trams_attended=6, trams_kept=4, trams_pool=12,
+    )  # fmt: skip
+    assert dict(grouped.hparams) == dict(flat.hparams)
+    assert grouped.hparams["trams"] == {"attended": 6, "kept": 4, "metric": "code", "positions": "compact",
+                                        "pool": 12}  # fmt: skip
+    assert_same_weights(grouped, flat)
+    assert list(grouped.state_dict()) == KEYS_BEFORE_GROUPS
+    assert (grouped.eval_mem_len, grouped.trams) == (12, TramsSettings(6, 4, pool=12))
+
+
+def test_a_checkpoint_with_the_flat_hparams_of_before_loads_into_the_same_knobs_and_weights(tmp_path):
+    model = grouped_xl()
+    path = save_with_hparams(model, FLAT_HPARAMS_BEFORE_GROUPS, tmp_path / "before.ckpt")
+    loaded = TransformerXLLM.load_from_checkpoint(path, eval_mem_len=16, trams_attended=8, trams_kept=6)
+    assert_same_weights(model, loaded)
+    assert loaded.net.config == model.net.config
+    assert (loaded.eval_mem_len, loaded.trams) == (16, TramsSettings(8, 6))
+    assert loaded.hparams["evaluation"]["mem_len"] == 16 and "eval_mem_len" not in loaded.hparams
+    off = TransformerXLLM.load_from_checkpoint(path)  # trams_attended None: TRAMS stays off
+    assert off.trams is None and off.eval_mem_len == 8
+
+
+def test_bad_group_fields_are_one_line_at_construction():
+    with pytest.raises(ValueError, match=r"^d_model \(15\) must be even"):
+        TransformerXL.Config(d_model=15)
+    with pytest.raises(ValueError, match=r"^TRAMS's kept \(trams_kept"):
+        TramsSettings(attended=8)
+    with pytest.raises(ValueError, match=r"^evaluation mem_len \(-1\)"):
+        grouped_xl(eval_mem_len=-1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'eval_memlen'"):
+        grouped_xl(eval_memlen=3)

@@ -177,7 +177,7 @@ def load_converted(model: LMBase, state: dict[str, Tensor], source: str) -> None
         if any(not torch.equal(state[given[0]], state[alias]) for alias in given[1:]):
             raise ConvertError(
                 f"{source}: the config ties {given}, but the checkpoint holds different tensors for them "
-                "(check model.init_args.tie_weight / tie_projs)"
+                "(check model.init_args.network.tie_weight / tie_projs)"
             )
     full = {name: state[next(a for a in groups[name] if a in state)] for name in expected}
     model.load_state_dict(full, strict=True)
