@@ -148,7 +148,7 @@ def test_misspelled_class_path_suggests_the_class(parser, tmp_path):
     message = parse_error(parser, ["fit", "--config", str(config)])
     assert message.startswith(f"model: class_path '{XL[:-1]}': module ")
     assert message.endswith(
-        "has no attribute 'TransformerXLL' (did you mean TransformerXLLM or TransformerXLConfig?)"
+        "has no attribute 'TransformerXLL' (did you mean TransformerXLLM or TransformerXL?)"
     )
 
 

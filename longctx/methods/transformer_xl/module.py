@@ -50,7 +50,7 @@ from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
 from longctx.methods.transformer_xl.memory import XLMemory
-from longctx.methods.transformer_xl.network import TransformerXLConfig
+from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
 
 Protocol = Literal["xl", "trams"]
@@ -102,7 +102,7 @@ class TransformerXLLM(LMBase):
     def __init__(
         self,
         vocab_size: int = 0,
-        network: TransformerXLConfig = TransformerXLConfig(),
+        network: TransformerXL.Config = TransformerXL.Config(),  # noqa: B008 (frozen)
         mem_len: int = 150,
         clamp_len: int = 0,
         same_length: bool = False,
