@@ -11,7 +11,11 @@ For each maximum span S, one run measures, on the same network and the same data
   default), where only the long head of `adaptive-mixed` pays for its span;
 and prints tokens/s, peak memory and the ratios to `fixed` at the same S. A training step is the
 forward pass over one block with the carried cache, the loss with the span penalty, the backward
-pass, a ClippedAdagrad step and the clamping of z'.
+pass, a ClippedAdagrad step and the clamping of z'. With `--eval`, a step is the evaluation forward
+pass (no gradients, dropout off). `--attention` is the kernel of every variant (default sdpa);
+`--layer_attention eager` gives the `-layer` variants the released code's computation as well as
+its trimming (op by op: the score matrix over the layer's longest span, the soft mask, the softmax),
+the stand-in for the authors' code in issue 24's evaluation goal at S = 8192.
 
 Speed: the variants of one S are built in one process and stepped in turns (round robin), and each
 reports its median step time, so that a machine whose load changes during the run (shared CPUs)
@@ -81,6 +85,8 @@ class Runner:
         S, n_layers, n_heads = config["S"], config["n_layers"], config["n_heads"]
         self.spans = head_spans(variant, S, n_layers, n_heads)
         self.trim = "layer" if variant.endswith(LAYER_SUFFIX) or self.spans is None else "head"
+        reference = variant.endswith(LAYER_SUFFIX) and config["layer_attention"] is not None
+        self.evaluating = config["eval"]
         self.net = SpanTransformer(
             vocab_size=256,
             d_model=config["d_model"],
@@ -93,7 +99,8 @@ class Runner:
             span_ramp=32,
             chunk_size=config["chunk_size"],
             span_trim=self.trim,
-        )
+            attention=config["layer_attention"] if reference else config["attention"],
+        ).train(not self.evaluating)
         if self.spans is not None:
             with torch.no_grad():
                 for layer, z in zip(self.net.layers, self.spans):
@@ -117,9 +124,14 @@ class Runner:
         )
 
     def step(self) -> float:
-        """One training step on random tokens; returns its duration in seconds."""
+        """One training (or evaluation) step on random tokens; returns its duration in seconds."""
         batch = torch.randint(0, 256, (self.B, self.M + 1))
         start = time.perf_counter()
+        if self.evaluating:
+            with torch.no_grad():
+                out = self.net(batch[:, :-1], self.cache)
+            self.cache, self.attended = out.cache, out.attended
+            return time.perf_counter() - start
         out = self.net(batch[:, :-1], self.cache)
         loss = F.cross_entropy(out.logits.transpose(1, 2), batch[:, 1:])
         if out.penalty is not None:
@@ -242,12 +254,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no_memory", action="store_true", help="skip the peak-memory processes")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--eval", action="store_true", help="evaluation steps (no gradients) instead")
+    parser.add_argument("--attention", default="sdpa", choices=["eager", "sdpa"], help="the variants' kernel")
+    parser.add_argument(
+        "--layer_attention", default=None, choices=["eager", "sdpa"], help="the -layer variants' kernel"
+    )
     args = parser.parse_args()
 
     base = {k: v for k, v in vars(args).items() if k not in ("spans", "variants", "json", "no_memory")}
     print(
         f"model: {args.n_layers} layers, d={args.d_model}, {args.n_heads} heads, inner {args.d_inner}; "
-        f"block {args.block} × batch {args.batch}; {args.threads} threads; torch {torch.__version__}"
+        f"block {args.block} × batch {args.batch}; {args.threads} threads; torch {torch.__version__}; "
+        f"{'evaluation' if args.eval else 'training'} steps; attention {args.attention}"
+        f"{f' (-layer variants: {args.layer_attention})' if args.layer_attention else ''}"
     )
     header = (
         f"{'S':>6} {'variant':>20} {'attended/layer':>22} {'tokens/s':>9} {'speed-up':>8} "
