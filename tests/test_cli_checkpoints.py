@@ -120,7 +120,8 @@ def test_validate_evaluates_the_configured_settings_not_the_checkpoints(work, mo
     for name, (_, settings) in runs.items():
         assert losses[name] == pytest.approx(direct_val_loss(work, **settings), rel=1e-6), name
         saved = yaml.safe_load((work / "runs" / name / "config.yaml").read_text())["model"]["init_args"]
-        assert {key: saved[key] for key in settings} == settings, name  # config.yaml is what ran
+        flat = TransformerXLLM.flatten_knobs(saved)  # the groups' fields under their flat names
+        assert {key: flat[key] for key in settings} == settings, name  # config.yaml is what ran
     # TRAMS attends other memory slots, and its protocol scores other targets: other numbers.
     values = sorted(losses.values())
     assert values[1] - values[0] > 1e-3 and values[2] - values[1] > 1e-3, losses
