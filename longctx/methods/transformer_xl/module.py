@@ -5,20 +5,22 @@ The memory carried across batches is, per layer, the last `mem_len` inputs of th
 validity mask (`memory.py`). Every evaluation knob is an init argument, so it can be
 changed without retraining: LightningCLI builds the model from the config and then loads the
 checkpoint's weights (`python -m longctx test --config configs/trams_wt103.yaml --ckpt_path X`), and
-`TransformerXLLM.load_from_checkpoint(X, trams_attended=200, ...)` overrides the stored ones.
+`TransformerXLLM.load_from_checkpoint(X, trams_attended=200, ...)` overrides the stored ones (flat
+names fold into the knob groups: `longctx.core.knob_groups`).
 
-Training uses `mem_len`, `clamp_len`, `same_length`. Validation and test use `eval_mem_len`,
-`eval_clamp_len`, `eval_same_length` (None = the training value); Transformer-XL's published
-evaluation is wt103 eval_tgt_len 64 (a data knob), eval_mem_len 640, eval_clamp_len 400, same_length;
-enwik8 eval_tgt_len 80, eval_mem_len 2100, eval_clamp_len 820, same_length.
+Training uses `mem_len`, `clamp_len`, `same_length`. Validation and test use the `evaluation` group
+(`EvaluationMemory`: mem_len, clamp_len, same_length, None = the training value; flat names
+`eval_mem_len`, ...); Transformer-XL's published evaluation is wt103 eval_tgt_len 64 (a data knob),
+evaluation mem_len 640, clamp_len 400, same_length; enwik8 eval_tgt_len 80, mem_len 2100, clamp_len
+820, same_length.
 
-TRAMS (evaluation only) is on when `trams_attended` (m) is set: the memory is a pool of the last
-`trams_pool` (M) states per layer, updated with every new state whatever was selected; each query
-attends to the newest `trams_kept` (m − k) pool slots plus k = m − trams_kept slots selected from the
-older ones (paper and code: M=400, m=200 = 150 kept + 50 selected, n = 64). `trams_metric` "code"
-(the released ‖K′‖·|ΣK′|), "paper" (cos⟨K′, 1⟩·‖K′‖) or "oracle" (largest actual attention
-probability); `trams_positions` "compact" (the code: selected tokens placed right before the kept
-block) or "true" (their real distances). Details in `longctx.methods.transformer_xl.trams`.
+TRAMS (evaluation only) is on when the `trams` group (`TramsSettings`) is set: the memory is a pool of
+the last `pool` (M) states per layer, updated with every new state whatever was selected; each query
+attends to the newest `kept` (m − k) pool slots plus k = m − kept slots selected from the older ones
+(paper and code: M=400, m=200 = 150 kept + 50 selected, n = 64). `metric` "code" (the released
+‖K′‖·|ΣK′|), "paper" (cos⟨K′, 1⟩·‖K′‖) or "oracle" (largest actual attention probability);
+`positions` "compact" (the code: selected tokens placed right before the kept block) or "true"
+(their real distances). Details in `longctx.methods.transformer_xl.trams`.
 
 Evaluation protocols (`protocol`), a config choice to match the table compared with:
 - "xl": Transformer-XL's evaluation: the first segment has an empty memory and every target is
