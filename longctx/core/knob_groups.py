@@ -84,12 +84,7 @@ def fold_flat(
     folded = {name: as_group(cls, given.get(name)) for name, (cls, _) in groups.items()}
     updates: dict[str, dict[str, Any]] = {name: {} for name in groups}
     for key, value in flat.items():
-        homes = [
-            (name, key.removeprefix(prefixes.get(name, "")))
-            for name, (cls, _) in groups.items()
-            if key.startswith(prefixes.get(name, ""))
-            and key.removeprefix(prefixes.get(name, "")) in {f.name for f in dataclasses.fields(cls)}
-        ]
+        homes = _homes(groups, prefixes, key)
         if len(homes) != 1:
             raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}")
         name, field = homes[0]
@@ -105,6 +100,18 @@ def fold_flat(
             continue
         folded[name] = dataclasses.replace(current, **fields) if current is not None else cls(**fields)
     return folded
+
+
+def _homes(
+    groups: Mapping[str, tuple[type, bool]], prefixes: Mapping[str, str], name: str
+) -> list[tuple[str, str]]:
+    """(group, field) for every group with a field called `name` after the group's prefix."""
+    return [
+        (group, name.removeprefix(prefixes.get(group, "")))
+        for group, (cls, _) in groups.items()
+        if name.startswith(prefixes.get(group, ""))
+        and name.removeprefix(prefixes.get(group, "")) in {f.name for f in dataclasses.fields(cls)}
+    ]
 
 
 def _switched_off(cls: type, fields: Mapping[str, Any]) -> bool:
@@ -137,13 +144,8 @@ def flatten_knobs(
 def knob_path(init: Callable[..., Any], name: str, prefixes: Mapping[str, str] | None = None) -> str:
     """Where the flat knob `name` lives in a config's init_args: `group.field` for a group's field
     (`eval_mem_len` → `evaluation.mem_len`), else `name` itself."""
-    prefixes = prefixes or {}
-    for group, (cls, _) in group_types(init).items():
-        prefix = prefixes.get(group, "")
-        field = name.removeprefix(prefix)
-        if name.startswith(prefix) and field in {f.name for f in dataclasses.fields(cls)}:
-            return f"{group}.{field}"
-    return name
+    homes = _homes(group_types(init), prefixes or {}, name)
+    return f"{homes[0][0]}.{homes[0][1]}" if homes else name
 
 
 def plain(value: Any) -> Any:
