@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from longctx.process_exit import run_and_exit_cleanly
+
 LIGHTNING_CLI = "longctx.cli:main"
 
 
@@ -62,8 +64,17 @@ def usage() -> str:
     )  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> Any:
+def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of `python -m longctx` and of the `longctx` script: run the command `argv` names.
+
+    It returns None, which the script passes to `sys.exit` (a command's return value there would be
+    printed and make the status 1). A process that trained with others ends in `longctx.process_exit`,
+    so that a finished DDP rank never aborts while the interpreter finalizes."""
+    run_and_exit_cleanly(lambda: run(argv))
+
+
+def run(argv: Sequence[str] | None = None) -> Any:
+    """Run the command `argv` names (its function's return value, e.g. the LongCtxCLI).
 
     No command, or a word that is none, is one line naming the commands; a leading flag other than
     --help (LightningCLI's `-c CONFIG fit ...`) goes to LightningCLI."""

@@ -36,7 +36,11 @@ from torchmetrics import SumMetric
 from longctx.core import rng_state
 from longctx.core.data_facts import BatchMode, LMDataFacts, check_data_facts
 from longctx.core.knob_groups import flatten_knobs, fold_flat, knob_path, plain
+from longctx.core.spawn_exit import register_spawn_strategies
 from longctx.core.token_nll import TokenNLLCollector
+
+# `ddp_spawn` workers of every longctx model end without finalizing (`longctx.core.spawn_exit`).
+register_spawn_strategies()
 
 # A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
 # tensors, None), e.g. `SpanCache`, `XLMemory`, `RecurrenceMemory`, or None for a model without

@@ -1,0 +1,67 @@
+"""How a process that joined a torch.distributed process group ends: its exit handlers run, then it
+exits without finalizing the interpreter.
+
+Why. Gloo's worker threads (C++) hold each collective's work, and the tensors in it, for a moment
+after the caller has its result. If such a tensor's Python object is freed by a worker thread while
+the interpreter finalizes, the thread's request for the GIL ends it with `pthread_exit`, which unwinds
+through a `noexcept` frame: "terminate called without an active exception", SIGABRT, exit status 134,
+after a run that finished and saved everything (seen on two of our CI runs, torch 2.13, a rank that
+was not rank 0; pytorch/pytorch#190489). `destroy_process_group()` does not help: DistributedDataParallel
+keeps the group, and its worker threads, alive; the upstream fix (an exit handler destroying the
+groups, pytorch/pytorch#179291) was abandoned. A job that finished must not tell SLURM it failed, so a
+process that joined a group ends as finalization would, minus freeing its objects: non-daemon
+threads are joined, exit handlers run (W&B's finish, logging's flush), the standard streams are
+flushed, then `os._exit`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+
+def joined_process_group() -> bool:
+    """Whether this process joined a torch.distributed process group (without importing torch: the
+    commands that never train, e.g. `longctx report`, stay free of it)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def exit_status(exit: SystemExit) -> int:
+    """The status the interpreter gives `sys.exit(code)`: None is 0, an int is itself, anything else
+    is printed to stderr and is 1."""
+    if exit.code is None:
+        return 0
+    if isinstance(exit.code, int):
+        return exit.code
+    print(exit.code, file=sys.stderr)
+    return 1
+
+
+def end_process(status: int) -> NoReturn:
+    """End this process with `status` after everything finalization would do but free objects."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # public since Python 2; only the name is underscored
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def run_and_exit_cleanly(command: Callable[[], object]) -> None:
+    """Run `command`; if it joined a process group, end the process here with its status (0, or its
+    `sys.exit` code), so that finalization never runs beside gloo's threads. Otherwise return, or
+    raise its SystemExit, as if called directly (in-process callers and tests see no difference)."""
+    try:
+        command()
+    except SystemExit as exit:
+        if not joined_process_group():
+            raise
+        end_process(exit_status(exit))
+    if joined_process_group():
+        end_process(0)
