@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import Logger
 from longctx.methods.compressive_transformer.compression import Decoder, build_compression
 from longctx.methods.compressive_transformer.flops import macs_per_token
 from longctx.methods.compressive_transformer.memory import evicted_count, reset_compressive_memory_rows
-from longctx.methods.compressive_transformer.module import CompressiveTransformerLM, MemoryLengths
+from longctx.methods.compressive_transformer.module import CompressiveLengths, CompressiveTransformerLM
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
 from tests.lm_fixtures import SyntheticData, cpu_trainer
@@ -415,7 +415,7 @@ def grouped_tiny() -> CompressiveTransformerLM:
         compression="conv", compression_rate=2, reconstruction="autoencoding",
     )  # fmt: skip
     return CompressiveTransformerLM(
-        vocab_size=64, network=network, mem_len=8, cmem_len=4, evaluation=MemoryLengths(cmem_len=6)
+        vocab_size=64, network=network, mem_len=8, cmem_len=4, evaluation=CompressiveLengths(cmem_len=6)
     )
 
 
@@ -434,7 +434,7 @@ def test_the_module_from_its_groups_equals_the_one_from_flat_keywords():
     assert grouped.hparams["evaluation"] == dict(mem_len=None, cmem_len=6, clamp_len=None, same_length=None)
     assert grouped.net.config == flat.net.config
     assert (grouped.eval_lengths, grouped.train_lengths) == (flat.eval_lengths, flat.train_lengths)
-    assert grouped.eval_lengths == MemoryLengths(mem_len=8, cmem_len=6, clamp_len=0, same_length=False)
+    assert grouped.eval_lengths == CompressiveLengths(mem_len=8, cmem_len=6, clamp_len=0, same_length=False)
     assert_same_weights(grouped, flat)
 
 
@@ -448,13 +448,13 @@ def test_a_checkpoint_with_the_flat_hyperparameters_of_before_loads(tmp_path):
     )  # fmt: skip
     loaded = CompressiveTransformerLM.load_from_checkpoint(path, eval_mem_len=5)
     assert loaded.net.config == model.net.config
-    assert loaded.eval_lengths == MemoryLengths(mem_len=5, cmem_len=6, clamp_len=0, same_length=False)
+    assert loaded.eval_lengths == CompressiveLengths(mem_len=5, cmem_len=6, clamp_len=0, same_length=False)
     assert loaded.hparams == {**model.hparams, "evaluation": {**model.hparams["evaluation"], "mem_len": 5}}
     assert_same_weights(loaded, model)
     # Saved with the groups, a flat keyword still overrides its field at loading.
     torch.save({**torch.load(path, weights_only=True), "hyper_parameters": dict(model.hparams)}, path)
     again = CompressiveTransformerLM.load_from_checkpoint(path, eval_cmem_len=9, compression_lr=1e-4)
-    assert again.eval_lengths == MemoryLengths(mem_len=8, cmem_len=9, clamp_len=0, same_length=False)
+    assert again.eval_lengths == CompressiveLengths(mem_len=8, cmem_len=9, clamp_len=0, same_length=False)
     assert again.net.config == model.net.config and again.compression_lr == 1e-4
     assert_same_weights(again, model)
 

@@ -113,6 +113,7 @@ SHARED_METHOD_PARTS = {
     },
     "longctx/methods/transformer_xl/memory.py": {
         "XLMemory",
+        "MemoryLengths",
         "empty_memory",
         "zero_memory",
         "update_memory",

@@ -480,7 +480,7 @@ def test_the_module_from_its_groups_equals_the_one_from_flat_keywords():
                                         "pool": 12}  # fmt: skip
     assert_same_weights(grouped, flat)
     assert list(grouped.state_dict()) == KEYS_BEFORE_GROUPS
-    assert (grouped.eval_mem_len, grouped.trams) == (12, TramsSettings(6, 4, pool=12))
+    assert (grouped.eval_lengths.mem_len, grouped.trams) == (12, TramsSettings(6, 4, pool=12))
 
 
 def test_a_checkpoint_with_the_flat_hparams_of_before_loads_into_the_same_knobs_and_weights(tmp_path):
@@ -489,10 +489,10 @@ def test_a_checkpoint_with_the_flat_hparams_of_before_loads_into_the_same_knobs_
     loaded = TransformerXLLM.load_from_checkpoint(path, eval_mem_len=16, trams_attended=8, trams_kept=6)
     assert_same_weights(model, loaded)
     assert loaded.net.config == model.net.config
-    assert (loaded.eval_mem_len, loaded.trams) == (16, TramsSettings(8, 6))
+    assert (loaded.eval_lengths.mem_len, loaded.trams) == (16, TramsSettings(8, 6))
     assert loaded.hparams["evaluation"]["mem_len"] == 16 and "eval_mem_len" not in loaded.hparams
     off = TransformerXLLM.load_from_checkpoint(path)  # trams_attended None: TRAMS stays off
-    assert off.trams is None and off.eval_mem_len == 8
+    assert off.trams is None and off.eval_lengths.mem_len == 8
 
 
 def test_bad_group_fields_are_one_line_at_construction():

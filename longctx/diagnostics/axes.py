@@ -83,21 +83,15 @@ class Axis:
 
 
 def _has_xl_memory(model: LMBase, data: LMDataModule) -> bool:
-    """Transformer-XL (not TRAMS) and the Compressive Transformer: an `eval_mem_len` read at every step."""
+    """Transformer-XL (not TRAMS) and the Compressive Transformer: `eval_lengths.mem_len` read at every
+    step."""
     if isinstance(model, CompressiveTransformerLM):
         return True
     return isinstance(model, TransformerXLLM) and model.trams is None
 
 
 def _set_memory(model: TransformerXLLM | CompressiveTransformerLM, data: LMDataModule, length: int) -> None:
-    if isinstance(model, CompressiveTransformerLM):
-        model.eval_lengths = dataclasses.replace(model.eval_lengths, mem_len=length)
-    else:
-        model.eval_mem_len = length
-
-
-def _eval_mem_len(model: TransformerXLLM | CompressiveTransformerLM) -> int:
-    return model.eval_lengths.mem_len if isinstance(model, CompressiveTransformerLM) else model.eval_mem_len
+    model.eval_lengths = dataclasses.replace(model.eval_lengths, mem_len=length)
 
 
 def _set_compressed(model: CompressiveTransformerLM, data: LMDataModule, length: int) -> None:
@@ -143,7 +137,7 @@ MEMORY = Axis(
         "(a TRAMS model sweeps `attended`)"
     ),
     limits=lambda model, data: (0, None),
-    default_max=lambda model, data: _eval_mem_len(model),
+    default_max=lambda model, data: model.eval_lengths.mem_len,
     set=_set_memory,
     flags=lambda model, data, length: _flag(model, "eval_mem_len", length),
 )
@@ -160,7 +154,7 @@ ATTENDED = Axis(
     "attended",
     applies=lambda model, data: isinstance(model, TransformerXLLM) and model.trams is not None,
     why_not="it is TRAMS's attended memory m (set model.init_args.trams.attended)",
-    limits=lambda model, data: (1, model.eval_mem_len),
+    limits=lambda model, data: (1, model.eval_lengths.mem_len),
     default_max=lambda model, data: model.hparams["trams"]["attended"],
     set=_set_attended,
     flags=lambda model, data, length: [

@@ -4,7 +4,7 @@ The memory carried across batches is, per layer, the last `mem_len` (n_m) inputs
 `cmem_len` (n_cm) compressed states, with validity masks (`memory.py`); rows that start a new document
 (PG-19 books) get both cleared; a resumed run restarts them empty, as for Transformer-XL. Training
 uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the `evaluation` group's
-(`MemoryLengths`, in configs `model.init_args.evaluation.cmem_len`; flat `eval_cmem_len` in Python and
+(`CompressiveLengths`, in configs `model.init_args.evaluation.cmem_len`; flat `eval_cmem_len` in Python and
 in checkpoints saved before the groups; None = the training value), so a checkpoint can be evaluated
 with longer memories.
 
@@ -45,26 +45,17 @@ from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
+from longctx.methods.transformer_xl.memory import MemoryLengths
 
 
 @dataclass(frozen=True)
-class MemoryLengths:
-    """The lengths the network runs with (`CompressiveTransformer.forward`): mem_len, cmem_len (n_m,
-    n_cm), clamp_len (cap of relative positions, 0 = none), same_length (equal key count per query).
+class CompressiveLengths(MemoryLengths):
+    """Transformer-XL's lengths (mem_len n_m, clamp_len, same_length) and the compressed memory's,
+    cmem_len (n_cm): what `CompressiveTransformer.forward` runs with. As the module's `evaluation`
+    group (flat names `eval_mem_len`, `eval_cmem_len`, ...), a field None is the training value
+    (`MemoryLengths.over`), so a checkpoint can be evaluated with longer memories."""
 
-    As the module's `evaluation` group (flat names `eval_mem_len`, ...), a field None is the training
-    value (`over`), so a checkpoint can be evaluated with longer memories.
-    """
-
-    mem_len: int | None = None
     cmem_len: int | None = None
-    clamp_len: int | None = None
-    same_length: bool | None = None
-
-    def over(self, training: MemoryLengths) -> MemoryLengths:
-        """These lengths, with `training`'s where a field is None."""
-        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        return dataclasses.replace(training, **given)
 
 
 class CompressiveTransformerLM(LMBase):
@@ -81,7 +72,7 @@ class CompressiveTransformerLM(LMBase):
             compression, the compressed-memory attention logged at evaluation).
         mem_len, cmem_len: n_m and n_cm in training (cmem_len 0 = Transformer-XL).
         clamp_len, same_length: cap of relative positions (0 = none), equal key count per query.
-        evaluation: the same four at validation/test (`MemoryLengths`; None = training's).
+        evaluation: the same four at validation/test (`CompressiveLengths`; None = training's).
         reconstruction_weight: the weight of that loss in the training loss (it reaches f_c only).
         compression_lr: f_c's learning rate in its own optimizer group (None: one group, the
             optimizer's learning rate).
@@ -105,7 +96,7 @@ class CompressiveTransformerLM(LMBase):
         cmem_len: int = 512,
         clamp_len: int = 0,
         same_length: bool = False,
-        evaluation: MemoryLengths = MemoryLengths(),
+        evaluation: CompressiveLengths = CompressiveLengths(),
         reconstruction_weight: float = 1.0,
         compression_lr: float | None = None,
         log_compressed_attention: bool = False,
@@ -117,7 +108,7 @@ class CompressiveTransformerLM(LMBase):
         network, evaluation = groups["network"], groups["evaluation"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
-        self.train_lengths = MemoryLengths(mem_len, cmem_len, clamp_len, same_length)
+        self.train_lengths = CompressiveLengths(mem_len, clamp_len, same_length, cmem_len)
         self.eval_lengths = evaluation.over(self.train_lengths)
         lengths = dataclasses.asdict(self.train_lengths)
         lengths.update({f"eval_{k}": v for k, v in dataclasses.asdict(evaluation).items()})

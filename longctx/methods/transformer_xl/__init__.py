@@ -13,8 +13,8 @@ Notation (the papers' symbols and where they live; files of this folder; § = XL
 |-----------|--------------------------------|-------|-------------------------------------------------------|
 | h_τ^{n−1} | memory: the inputs of layer n  | X 3.2 | memory.py:XLMemory.hidden                             |
 |           | in segment τ                   |       |                                                       |
-| M (XL)    | memory kept per layer          | X 3.2 | module.py:TransformerXLLM.mem_len,                    |
-|           | (`mem_len`; longer at          |       | module.py:TransformerXLLM.eval_mem_len                |
+| M (XL)    | memory kept per layer          | X 3.2 | module.py:TransformerXLLM.train_lengths,              |
+|           | (`mem_len`; longer at          |       | module.py:TransformerXLLM.eval_lengths                |
 |           | evaluation)                    |       |                                                       |
 | SG(·)     | stop-gradient: the memory is   | X 3.2 | memory.py:update_memory                               |
 |           | kept detached                  |       |                                                       |
@@ -43,17 +43,17 @@ Notation (the papers' symbols and where they live; files of this folder; § = XL
 | mask      | causal; `same_length`: every   | code  | relative_attention.py:window_blocked                  |
 |           | query sees as many keys        |       |                                                       |
 | clamp_len | distances in R capped          | code  | relative_attention.py:sinusoid_positions,             |
-|           | (evaluation: `eval_clamp_len`) |       | module.py:TransformerXLLM.eval_clamp_len              |
+|           | (evaluation: `eval_clamp_len`) |       | module.py:TransformerXLLM.eval_lengths                |
 | softmax   | adaptive input and softmax     | X 4.1 | adaptive_softmax.py:AdaptiveEmbedding,                |
 |           | (Baevski & Auli 2019; Grave et |       | adaptive_softmax.py:ProjectedAdaptiveLogSoftmax       |
 |           | al. 2017)                      |       |                                                       |
-| RPE       | Transformer+RPE: the same      | T 4   | module.py:TransformerXLLM.mem_len                     |
+| RPE       | Transformer+RPE: the same      | T 4   | module.py:TransformerXLLM.train_lengths               |
 |           | network, no memory (`mem_len:  |       |                                                       |
 |           | 0`)                            |       |                                                       |
 | k/v cache | evaluation: the memory's keys  | ours  | memory.py:XLMemory.kv, slot_store.py:SlotAppender     |
 |           | and values kept, not projected |       |                                                       |
 |           | again                          |       |                                                       |
-| M         | TRAMS pool: the last M states  | T 3   | module.py:TransformerXLLM.eval_mem_len                |
+| M         | TRAMS pool: the last M states  | T 3   | module.py:TransformerXLLM.eval_lengths                |
 |           | per layer (`trams_pool`)       |       |                                                       |
 | m         | memory slots each query        | T 3   | trams.py:TramsSettings.attended                       |
 |           | attends (`trams_attended`)     |       |                                                       |

@@ -28,6 +28,7 @@ config's, never applied silently: they are the config's choice (see configs/tran
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -224,11 +225,7 @@ def check_architecture(source: str, theirs: dict[str, Any], model: TransformerXL
 
 def evaluation_notes(theirs: dict[str, Any], model: TransformerXLLM) -> list[str]:
     """The checkpoint's stored evaluation settings next to the config's."""
-    ours = {
-        "mem_len": model.eval_mem_len,
-        "same_length": model.eval_same_length,
-        "clamp_len": model.eval_clamp_len,
-    }
+    ours = dataclasses.asdict(model.eval_lengths)
     notes = []
     for key, value in theirs.items():
         if value != ours[key]:

@@ -19,15 +19,39 @@ memory's tensors are views of buffers that the next segment appends to in place 
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
 
 from longctx.methods.fifo import evicted_count, fifo_append, split_evicted
 from longctx.methods.transformer_xl.slot_store import SlotAppender, SlotCursor, SlotLayout
+
+Lengths = TypeVar("Lengths", bound="MemoryLengths")
+
+
+@dataclass(frozen=True)
+class MemoryLengths:
+    """The lengths a memory network runs with (`TransformerXL.forward`): mem_len (the memory kept
+    per layer), clamp_len (cap of relative positions, 0 = none), same_length (equal key count per
+    query). A module holds two: `train_lengths` and `eval_lengths`, the latter from its `evaluation`
+    group, where a field None is the training value (`over`), so a checkpoint can be evaluated with a
+    longer memory. The Compressive Transformer's adds its compressed memory (`cmem_len`)."""
+
+    mem_len: int | None = None
+    clamp_len: int | None = None
+    same_length: bool | None = None
+
+    def over(self, training: Lengths) -> Lengths:
+        """`training` with this group's fields where they are set (fields `training` lacks, e.g. the
+        evaluation group's `cache_kv`, are not lengths)."""
+        names = [f.name for f in dataclasses.fields(training)]
+        given = {name: getattr(self, name) for name in names if getattr(self, name, None) is not None}
+        return dataclasses.replace(training, **given)
 
 
 class XLMemory(NamedTuple):

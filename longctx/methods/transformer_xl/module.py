@@ -51,7 +51,7 @@ from longctx.core.base import LMBase, StepOutput
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
-from longctx.methods.transformer_xl.memory import XLMemory
+from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
 
@@ -59,15 +59,13 @@ Protocol = Literal["xl", "trams"]
 
 
 @dataclass(frozen=True)
-class EvaluationMemory:
+class EvaluationMemory(MemoryLengths):
     """The memory at validation and test, changeable without retraining (the `evaluation` group of
     `TransformerXLLM`; flat names `eval_mem_len`, ...): mem_len, clamp_len, same_length as in
-    training (None: the training value); cache_kv: carry the memory's keys and values instead of
-    projecting the memory again every segment (exact; the released codes re-project)."""
+    training (None: the training value, `MemoryLengths.over`); cache_kv: carry the memory's keys and
+    values instead of projecting the memory again every segment (exact; the released codes
+    re-project)."""
 
-    mem_len: int | None = None
-    clamp_len: int | None = None
-    same_length: bool | None = None
     cache_kv: bool = True
 
     def __post_init__(self) -> None:
@@ -132,25 +130,24 @@ class TransformerXLLM(LMBase):
                 f"adaptive softmax cutoffs {self.cutoffs or 'none (a full softmax)'}"
             )
         self.net = replace(network, cutoffs=self.cutoffs).build(vocab_size)
-        self.mem_len, self.clamp_len, self.same_length = mem_len, clamp_len, same_length
-        self.eval_mem_len = mem_len if evaluation.mem_len is None else evaluation.mem_len
-        self.eval_clamp_len = clamp_len if evaluation.clamp_len is None else evaluation.clamp_len
-        self.eval_same_length = same_length if evaluation.same_length is None else evaluation.same_length
+        self.train_lengths = MemoryLengths(mem_len, clamp_len, same_length)
+        self.eval_lengths = evaluation.over(self.train_lengths)
         self.eval_cache_kv = evaluation.cache_kv
         self.protocol = protocol
         self.trams = trams
         if trams is not None:
-            self.eval_mem_len = self.eval_mem_len if trams.pool is None else trams.pool
-            if trams.attended > self.eval_mem_len:
+            if trams.pool is not None:  # TRAMS's pool M is the evaluation memory
+                self.eval_lengths = replace(self.eval_lengths, mem_len=trams.pool)
+            if trams.attended > self.eval_lengths.mem_len:
                 raise ValueError(
-                    f"TRAMS attended ({trams.attended}) cannot exceed the pool ({self.eval_mem_len})"
+                    f"TRAMS attended ({trams.attended}) cannot exceed the pool ({self.eval_lengths.mem_len})"
                 )
         self.log_attention_mass = log_attention_mass
 
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> XLMemory:
         if not self.training and self.protocol == "trams":
-            return self.net.zero_memory(batch_size, self.eval_mem_len)
+            return self.net.zero_memory(batch_size, self.eval_lengths.mem_len)
         return self.net.empty_memory(batch_size)
 
     def reset_memory_rows(self, memory: XLMemory, reset: Tensor) -> XLMemory:
@@ -170,7 +167,7 @@ class TransformerXLLM(LMBase):
             d_inner=c.d_inner,
             vocab_size=self.vocab_size,
             segment_length=segment_length,
-            memory_length=self.eval_mem_len,
+            memory_length=self.eval_lengths.mem_len,
             cutoffs=self.cutoffs,
             d_embed=c.d_embed,
             div_val=c.div_val,
@@ -184,12 +181,13 @@ class TransformerXLLM(LMBase):
         x = batch["input"]
         evaluating = not self.training
         need_mass = evaluating and self.log_attention_mass
+        lengths = self.eval_lengths if evaluating else self.train_lengths
         out = self.net(
             x,
             memory,
-            mem_len=self.eval_mem_len if evaluating else self.mem_len,
-            clamp_len=self.eval_clamp_len if evaluating else self.clamp_len,
-            same_length=self.eval_same_length if evaluating else self.same_length,
+            mem_len=lengths.mem_len,
+            clamp_len=lengths.clamp_len,
+            same_length=lengths.same_length,
             trams=self.trams if evaluating else None,
             need_mass=need_mass,
             cache_kv=evaluating and self.eval_cache_kv,
