@@ -44,7 +44,6 @@ from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
-from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
 from longctx.methods.transformer_xl.memory import MemoryLengths
 
 
@@ -114,14 +113,11 @@ class CompressiveTransformerLM(LMBase):
         lengths.update({f"eval_{k}": v for k, v in dataclasses.asdict(evaluation).items()})
         if negative := [k for k, v in lengths.items() if (v or 0) < 0]:
             raise ValueError(f"{', '.join(negative)} must be >= 0")
-        # A word-level recipe's cutoffs on a byte-level corpus: a full softmax, said once.
-        self.cutoffs = cutoffs_within(vocab_size, network.cutoffs)
-        if len(self.cutoffs) < len(network.cutoffs):
-            rank_zero_info(
-                f"longctx: cutoffs {list(network.cutoffs)} reach past the vocabulary ({vocab_size}): "
-                f"adaptive softmax cutoffs {self.cutoffs or 'none (a full softmax)'}"
-            )
-        self.net = dataclasses.replace(network, cutoffs=tuple(self.cutoffs)).build(vocab_size)
+        network, cutoffs_note = network.within_vocabulary(vocab_size)
+        if cutoffs_note:
+            rank_zero_info(cutoffs_note)
+        self.cutoffs = list(network.cutoffs)
+        self.net = network.build(vocab_size)
         self.reconstruction_weight = reconstruction_weight
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention

@@ -50,7 +50,6 @@ from torch import Tensor
 from longctx.core.base import LMBase, StepOutput
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
-from longctx.methods.transformer_xl.adaptive_softmax import cutoffs_within
 from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
@@ -122,14 +121,11 @@ class TransformerXLLM(LMBase):
             raise ValueError(f"mem_len ({mem_len}) and clamp_len ({clamp_len}) must be >= 0")
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
-        # A word-level recipe's cutoffs on a byte-level corpus: a full softmax, said once.
-        self.cutoffs = cutoffs_within(vocab_size, network.cutoffs)
-        if len(self.cutoffs) < len(network.cutoffs):
-            rank_zero_info(
-                f"longctx: cutoffs {list(network.cutoffs)} reach past the vocabulary ({vocab_size}): "
-                f"adaptive softmax cutoffs {self.cutoffs or 'none (a full softmax)'}"
-            )
-        self.net = replace(network, cutoffs=self.cutoffs).build(vocab_size)
+        network, cutoffs_note = network.within_vocabulary(vocab_size)
+        if cutoffs_note:
+            rank_zero_info(cutoffs_note)
+        self.cutoffs = list(network.cutoffs)
+        self.net = network.build(vocab_size)
         self.train_lengths = MemoryLengths(mem_len, clamp_len, same_length)
         self.eval_lengths = evaluation.over(self.train_lengths)
         self.eval_cache_kv = evaluation.cache_kv

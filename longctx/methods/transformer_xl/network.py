@@ -14,7 +14,7 @@ N(0, proj_init_std) for adaptive projections, N(1, init_std) for LayerNorm weigh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -24,7 +24,11 @@ from torch import Tensor, nn
 
 from longctx.core.knob_groups import network_config
 from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
-from longctx.methods.transformer_xl.adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from longctx.methods.transformer_xl.adaptive_softmax import (
+    AdaptiveEmbedding,
+    ProjectedAdaptiveLogSoftmax,
+    cutoffs_within,
+)
 from longctx.methods.transformer_xl.memory import XLMemory, empty_memory, update_memory, zero_memory
 from longctx.methods.transformer_xl.relative_attention import (
     AttentionOutput,
@@ -121,6 +125,19 @@ class TransformerXLConfig:
 
     def build(self, vocab_size: int) -> TransformerXL:
         return TransformerXL(vocab_size, self)
+
+    def within_vocabulary(self, vocab_size: int) -> tuple[TransformerXLConfig, str | None]:
+        """This config with only the cutoffs inside `vocab_size` (`cutoffs_within`: a word-level
+        recipe read at byte level keeps a full softmax), and the line that says so, or None when every
+        cutoff is kept. The modules print it once (rank zero)."""
+        kept = tuple(cutoffs_within(vocab_size, self.cutoffs))
+        if kept == self.cutoffs:
+            return self, None
+        note = (
+            f"longctx: cutoffs {list(self.cutoffs)} reach past the vocabulary ({vocab_size}): "
+            f"adaptive softmax cutoffs {list(kept) or 'none (a full softmax)'}"
+        )
+        return replace(self, cutoffs=kept), note
 
 
 class XLBlock(nn.Module):
