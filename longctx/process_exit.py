@@ -3,12 +3,13 @@ exits without finalizing the interpreter.
 
 Why. Gloo's worker threads (C++) hold each collective's work, and the tensors in it, for a moment
 after the caller has its result. If such a tensor's Python object is freed by a worker thread while
-the interpreter finalizes, the thread's request for the GIL ends it with `pthread_exit`, which unwinds
-through a `noexcept` frame: "terminate called without an active exception", SIGABRT, exit status 134,
-after a run that finished and saved everything (seen on two of our CI runs, torch 2.13, a rank that
-was not rank 0; pytorch/pytorch#190489). `destroy_process_group()` does not help: DistributedDataParallel
-keeps the group, and its worker threads, alive; the upstream fix (an exit handler destroying the
-groups, pytorch/pytorch#179291) was abandoned. A job that finished must not tell SLURM it failed, so a
+the interpreter finalizes, the thread's request for the GIL ends it with `pthread_exit`, which
+unwinds through a `noexcept` frame: "terminate called without an active exception", SIGABRT, exit
+status 134, after a run that finished and saved everything (seen on two of our CI runs, torch 2.13,
+a rank that was not rank 0; pytorch/pytorch#190489). `destroy_process_group()` does not help:
+Lightning already calls it from an exit handler, and DistributedDataParallel keeps the group, and
+its worker threads, alive past it (the upstream fix, the same exit handler in torch,
+pytorch/pytorch#179291, was abandoned). A job that finished must not tell SLURM it failed, so a
 process that joined a group ends as finalization would, minus freeing its objects: non-daemon
 threads are joined, exit handlers run (W&B's finish, logging's flush), the standard streams are
 flushed, then `os._exit`.
