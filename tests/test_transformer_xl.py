@@ -16,7 +16,7 @@ import yaml
 from longctx.core.base import detach_memory
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs
-from longctx.methods.transformer_xl.memory import XLMemory, reset_memory_rows
+from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory, reset_memory_rows
 from longctx.methods.transformer_xl.module import EvaluationMemory, TransformerXLLM, drop_last_scored
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
@@ -481,6 +481,17 @@ def test_the_module_from_its_groups_equals_the_one_from_flat_keywords():
     assert_same_weights(grouped, flat)
     assert list(grouped.state_dict()) == KEYS_BEFORE_GROUPS
     assert (grouped.eval_lengths.mem_len, grouped.trams) == (12, TramsSettings(6, 4, pool=12))
+
+
+def test_the_flat_length_attributes_of_before_read_and_set_the_two_memory_lengths():
+    model = grouped_xl(evaluation=EvaluationMemory(mem_len=12, same_length=True))
+    assert model.train_lengths == MemoryLengths(mem_len=8, clamp_len=0, same_length=False)
+    assert model.eval_lengths == MemoryLengths(mem_len=12, clamp_len=0, same_length=True)
+    assert (model.mem_len, model.clamp_len, model.same_length) == (8, 0, False)
+    assert (model.eval_mem_len, model.eval_clamp_len, model.eval_same_length) == (12, 0, True)
+    model.eval_mem_len, model.clamp_len = 20, 4
+    assert model.eval_lengths == MemoryLengths(mem_len=20, clamp_len=0, same_length=True)
+    assert model.train_lengths == MemoryLengths(mem_len=8, clamp_len=4, same_length=False)
 
 
 def test_a_checkpoint_with_the_flat_hparams_of_before_loads_into_the_same_knobs_and_weights(tmp_path):

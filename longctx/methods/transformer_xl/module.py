@@ -57,6 +57,20 @@ from longctx.methods.transformer_xl.trams import TramsSettings
 Protocol = Literal["xl", "trams"]
 
 
+def _length(lengths: str, name: str) -> property:
+    """`self.<lengths>.<name>` under the flat attribute name `TransformerXLLM` had before its lengths
+    were `MemoryLengths` (`mem_len`, `eval_mem_len`, ...): read and set, so scripts written against
+    those names keep working with one stored value."""
+
+    def get(self: TransformerXLLM) -> int | bool:
+        return getattr(getattr(self, lengths), name)
+
+    def set_(self: TransformerXLLM, value: int | bool) -> None:
+        setattr(self, lengths, replace(getattr(self, lengths), **{name: value}))
+
+    return property(get, set_, doc=f"`{lengths}.{name}`")
+
+
 @dataclass(frozen=True)
 class EvaluationMemory(MemoryLengths):
     """The memory at validation and test, changeable without retraining (the `evaluation` group of
@@ -139,6 +153,13 @@ class TransformerXLLM(LMBase):
                     f"TRAMS attended ({trams.attended}) cannot exceed the pool ({self.eval_lengths.mem_len})"
                 )
         self.log_attention_mass = log_attention_mass
+
+    mem_len, clamp_len, same_length = (
+        _length("train_lengths", n) for n in ("mem_len", "clamp_len", "same_length")
+    )
+    eval_mem_len, eval_clamp_len, eval_same_length = (
+        _length("eval_lengths", n) for n in ("mem_len", "clamp_len", "same_length")
+    )
 
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> XLMemory:
