@@ -455,6 +455,14 @@ def test_a_checkpoint_with_the_flat_hyperparameters_of_before_loads(tmp_path):
     torch.save({**torch.load(path, weights_only=True), "hyper_parameters": dict(model.hparams)}, path)
     again = CompressiveTransformerLM.load_from_checkpoint(path, eval_cmem_len=9, compression_lr=1e-4)
     assert again.eval_lengths == CompressiveLengths(mem_len=8, cmem_len=9, clamp_len=0, same_length=False)
+    # The flat attribute names of before read and set the same two lengths.
+    assert (again.mem_len, again.cmem_len, again.eval_mem_len, again.eval_cmem_len) == (8, 4, 8, 9)
+    again.eval_cmem_len, again.mem_len = 12, 6
+    assert (again.eval_lengths.cmem_len, again.train_lengths.mem_len, again.eval_lengths.mem_len) == (
+        12,
+        6,
+        8,
+    )
     assert again.net.config == model.net.config and again.compression_lr == 1e-4
     assert_same_weights(again, model)
 

@@ -114,6 +114,7 @@ SHARED_METHOD_PARTS = {
     "longctx/methods/transformer_xl/memory.py": {
         "XLMemory",
         "MemoryLengths",
+        "length_attributes",
         "empty_memory",
         "zero_memory",
         "update_memory",

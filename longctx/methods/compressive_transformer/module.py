@@ -44,7 +44,7 @@ from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
-from longctx.methods.transformer_xl.memory import MemoryLengths
+from longctx.methods.transformer_xl.memory import MemoryLengths, length_attributes
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,14 @@ class CompressiveTransformerLM(LMBase):
         self.reconstruction_weight = reconstruction_weight
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention
+
+    # The flat attribute names of before (read and set; one stored value: the two CompressiveLengths).
+    mem_len, cmem_len, clamp_len, same_length = length_attributes(
+        "train_lengths", "mem_len", "cmem_len", "clamp_len", "same_length"
+    )
+    eval_mem_len, eval_cmem_len, eval_clamp_len, eval_same_length = length_attributes(
+        "eval_lengths", "mem_len", "cmem_len", "clamp_len", "same_length"
+    )
 
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> CompressiveMemory:

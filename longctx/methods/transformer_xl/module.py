@@ -50,25 +50,11 @@ from torch import Tensor
 from longctx.core.base import LMBase, StepOutput
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
-from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
+from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory, length_attributes
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
 
 Protocol = Literal["xl", "trams"]
-
-
-def _length(lengths: str, name: str) -> property:
-    """`self.<lengths>.<name>` under the flat attribute name `TransformerXLLM` had before its lengths
-    were `MemoryLengths` (`mem_len`, `eval_mem_len`, ...): read and set, so scripts written against
-    those names keep working with one stored value."""
-
-    def get(self: TransformerXLLM) -> int | bool:
-        return getattr(getattr(self, lengths), name)
-
-    def set_(self: TransformerXLLM, value: int | bool) -> None:
-        setattr(self, lengths, replace(getattr(self, lengths), **{name: value}))
-
-    return property(get, set_, doc=f"`{lengths}.{name}`")
 
 
 @dataclass(frozen=True)
@@ -154,11 +140,12 @@ class TransformerXLLM(LMBase):
                 )
         self.log_attention_mass = log_attention_mass
 
-    mem_len, clamp_len, same_length = (
-        _length("train_lengths", n) for n in ("mem_len", "clamp_len", "same_length")
+    # The flat attribute names of before (read and set; one stored value: the two MemoryLengths).
+    mem_len, clamp_len, same_length = length_attributes(
+        "train_lengths", "mem_len", "clamp_len", "same_length"
     )
-    eval_mem_len, eval_clamp_len, eval_same_length = (
-        _length("eval_lengths", n) for n in ("mem_len", "clamp_len", "same_length")
+    eval_mem_len, eval_clamp_len, eval_same_length = length_attributes(
+        "eval_lengths", "mem_len", "clamp_len", "same_length"
     )
 
     # ------------------------------------------------------------------ memory
