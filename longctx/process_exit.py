@@ -18,6 +18,7 @@ flushed, then `os._exit`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -49,8 +50,10 @@ def end_process(status: int) -> NoReturn:
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()  # public since Python 2; only the name is underscored
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        # A closed pipe (`longctx fit | head`) or stream: nothing left to keep.
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     os._exit(status)
 
 
