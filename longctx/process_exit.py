@@ -1,18 +1,21 @@
 """How a process that joined a torch.distributed process group ends: its exit handlers run, then it
 exits without finalizing the interpreter.
 
-Why. Gloo's worker threads (C++) hold each collective's work, and the tensors in it, for a moment
-after the caller has its result. If such a tensor's Python object is freed by a worker thread while
-the interpreter finalizes, the thread's request for the GIL ends it with `pthread_exit`, which
-unwinds through a `noexcept` frame: "terminate called without an active exception", SIGABRT, exit
-status 134, after a run that finished and saved everything (seen on two of our CI runs, torch 2.13,
-a rank that was not rank 0; pytorch/pytorch#190489). `destroy_process_group()` does not help:
-Lightning already calls it from an exit handler, and DistributedDataParallel keeps the group, and
-its worker threads, alive past it (the upstream fix, the same exit handler in torch,
-pytorch/pytorch#179291, was abandoned). A job that finished must not tell SLURM it failed, so a
-process that joined a group ends as finalization would, minus freeing its objects: non-daemon
-threads are joined, exit handlers run (W&B's finish, logging's flush), the standard streams are
-flushed, then `os._exit`.
+Why. A finished DDP rank sometimes died at exit with "terminate called without an active exception"
+(SIGABRT, status 134; two of our CI runs, torch 2.13, a rank other than 0, after its run had
+finished and saved everything). Such aborts come from teardown that runs while the interpreter
+finalizes, beside gloo's worker threads: a thread that needs the GIL then (e.g. to free a tensor's
+Python object held by a finished collective's work) is ended by CPython with `pthread_exit`, whose
+unwinding crosses a `noexcept` frame (pytorch/pytorch#190489); a joinable `std::thread` destroyed by
+a static destructor ends the same way. `destroy_process_group()` does not help: Lightning already
+calls it from an exit handler, and DistributedDataParallel keeps the group, and its worker threads,
+alive past it (the upstream fix, the same exit handler in torch, pytorch/pytorch#179291, was
+abandoned). A rare race cannot be caught in the act (a deliberate reproduction did not abort), so
+the whole window goes: a job that finished must not tell SLURM it failed. A process that joined a
+group ends as finalization would, minus freeing its objects: non-daemon threads are joined, exit
+handlers run (W&B's finish, logging's flush, Lightning's `destroy_process_group`), the standard
+streams are flushed, then `os._exit`, which runs neither Python's finalization nor C++'s static
+destructors.
 """
 
 from __future__ import annotations
