@@ -27,6 +27,7 @@ synced across ranks, while a predict loop would gather unreduced per-rank output
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import netrc
 import os
 import re
@@ -67,6 +68,7 @@ from longctx.checkpoints.saving import DiskFullError, use_atomic_checkpoints
 from longctx.commands import TRAINER_COMMANDS, load
 from longctx.core.base import LMBase
 from longctx.core.data_facts import DataMismatch
+from longctx.core.knob_groups import group_types
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.errors import debug_enabled, exit_with_error
@@ -246,8 +248,8 @@ class ReportInitErrors(_InstantiatorFn):
 class ReportGroupErrors:
     """jsonargparse's instantiator for everything the model and data instantiators do not take, which
     keeps the error a knob group's `__post_init__` raises (`longctx.core.knob_groups`; e.g.
-    `SpanTransformer.Config`): the group is built before its module, and jsonargparse would bury the
-    error as it buries the module's (`ReportInitErrors`)."""
+    `SpanTransformer.Config`), named by the group's place in the config: the group is built before
+    its module, and jsonargparse would bury the error as it buries the module's (`ReportInitErrors`)."""
 
     def __init__(self, cli: LongCtxCLI) -> None:
         self.cli = cli
@@ -258,10 +260,25 @@ class ReportGroupErrors:
         try:
             return class_type(*args, **kwargs)
         except (ValueError, TypeError) as err:  # bad settings: the user's to fix
-            error = ConfigError(f"model: {class_type.__name__}: {err}")
+            error = ConfigError(f"{self.group_path(class_type)}: {class_type.__name__}: {err}")
             error.__cause__ = err
         self.cli.init_error = self.cli.init_error or error
         raise error
+
+    def group_path(self, class_type: type) -> str:
+        """Where the group of this class is in the config (`model.init_args.network`), found through
+        the parsed model class; `model` when that is not known (only models take knob groups)."""
+        config = getattr(self.cli, "config", None)
+        subcommand = getattr(self.cli, "subcommand", None)
+        if isinstance(config, Namespace) and subcommand:
+            config = config.get(subcommand)
+        class_path = config.get("model.class_path") if isinstance(config, Namespace) else None
+        if not isinstance(class_path, str):
+            return "model"
+        module, _, name = class_path.rpartition(".")
+        model_class = getattr(importlib.import_module(module), name)
+        names = [key for key, (group, _) in group_types(model_class.__init__).items() if group is class_type]
+        return f"model.init_args.{names[0]}" if len(names) == 1 else "model"
 
 
 class LongCtxCLI(LightningCLI):

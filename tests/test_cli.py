@@ -253,8 +253,8 @@ def test_a_models_init_error_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # a knob group's check, built before the module
         main(quick_args(tmp_path, "--model.init_args.network.span_ramp", "-1"))
     assert exit_info.value.code == (
-        "error: model: SpanTransformerConfig: attn_span (256) and chunk_size (64) must be positive and "
-        "span_ramp (-1) >= 0"
+        "error: model.init_args.network: SpanTransformerConfig: attn_span (256) and chunk_size (64) must be "
+        "positive and span_ramp (-1) >= 0"
     )
     with pytest.raises(SystemExit) as exit_info:
         main(quick_args(tmp_path, "--data.batch_size", "0"))

@@ -518,6 +518,9 @@ def test_a_bad_network_field_on_the_command_line_is_its_one_line(tmp_path, capsy
             "--model.init_args.network.compression_rate", "0"]  # fmt: skip
     with pytest.raises(SystemExit) as info:
         main(args)
-    expected = "error: model: CompressiveTransformerConfig: compression_rate (c) must be >= 1, got 0"
+    expected = (
+        "error: model.init_args.network: CompressiveTransformerConfig: "
+        "compression_rate (c) must be >= 1, got 0"
+    )
     assert info.value.code == expected
     assert "Traceback" not in capsys.readouterr().err

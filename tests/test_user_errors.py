@@ -203,6 +203,18 @@ def test_sweep_check_prints_the_line_the_command_prints(tmp_path):
     assert info.value.code == "error: model.init_args.network.n_layers: expected int, got two"
 
 
+def test_a_value_a_knob_group_refuses_names_the_group_s_place_in_the_config(tmp_path):
+    """The group's own check, one line that says where to fix it (jsonargparse builds the group
+    before the module, and would bury the error in a dump of every setting)."""
+    config = write(tmp_path / "c.yaml", CONFIG)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(config), "--model.init_args.evaluation.mem_len", "-1"])
+    assert info.value.code == (
+        "error: model.init_args.evaluation: EvaluationMemory: evaluation mem_len (-1) and clamp_len "
+        "(None) must be >= 0"
+    )
+
+
 # ---------------------------------------------------------------------------------- data root
 def test_missing_data_root_is_one_line(tmp_path):
     config = write(tmp_path / "c.yaml", CONFIG.replace("corpus: sample", "corpus: wikitext2"))

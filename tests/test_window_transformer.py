@@ -175,7 +175,8 @@ def test_through_the_cli_a_bad_knob_and_a_knob_under_its_old_flat_name_are_one_l
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--model.init_args.network.n_heads", "5"])
     assert exit_info.value.code == (
-        "error: model: WindowTransformerConfig: d_model (128) must be divisible by n_heads (5)"
+        "error: model.init_args.network: WindowTransformerConfig: d_model (128) must be divisible by "
+        "n_heads (5)"
     )
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--model.init_args.d_model", "64"])
