@@ -18,7 +18,11 @@ from lightning.pytorch.loggers import Logger
 from longctx.methods.compressive_transformer.compression import Decoder, build_compression
 from longctx.methods.compressive_transformer.flops import macs_per_token
 from longctx.methods.compressive_transformer.memory import evicted_count, reset_compressive_memory_rows
-from longctx.methods.compressive_transformer.module import CompressiveLengths, CompressiveTransformerLM
+from longctx.methods.compressive_transformer.module import (
+    CompressiveEvaluationMemory,
+    CompressiveLengths,
+    CompressiveTransformerLM,
+)
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
 from tests.lm_fixtures import SyntheticData, cpu_trainer
@@ -140,6 +144,61 @@ def test_reset_of_one_row_clears_both_memories_and_the_row_restarts_as_fresh():
         memory, kept, fresh = out.memory, untouched.memory, alone.memory
         torch.testing.assert_close(out.hidden[0], untouched.hidden[0], rtol=0, atol=1e-12)  # row 0
         torch.testing.assert_close(out.hidden[1:], alone.hidden, rtol=0, atol=1e-12)  # row 1
+
+
+# ---------------------------------------------------------------------------------- key/value cache
+@pytest.mark.parametrize(
+    "compression,pre_lnorm,same_length",
+    [("conv", False, False), ("most_used", True, True), ("mean_pool", False, True)],
+)
+def test_the_key_value_cache_gives_the_uncached_outputs_and_memories(compression, pre_lnorm, same_length):
+    """Every segment's output and both memories equal the uncached run's (double precision) through
+    partial memories, compression, a trimmed compressed memory and a reset row; the caches hold the
+    layers' own projections of the slots."""
+    torch.manual_seed(0)
+    ct = CompressiveTransformer(
+        VOCAB, compression=compression, compression_rate=2, pre_lnorm=pre_lnorm, **SIZES
+    )
+    ct = ct.double().eval()
+    lengths = dict(mem_len=4, cmem_len=3, clamp_len=5, same_length=same_length)
+    plain, cached = ct.empty_memory(2), ct.empty_memory(2)
+    with torch.no_grad():
+        for step, x in enumerate(segments(8)):
+            if step == 5:  # row 0 starts a new document: the cache is dropped and restarts
+                reset = torch.tensor([True, False])
+                plain, cached = (reset_compressive_memory_rows(m, reset) for m in (plain, cached))
+                assert cached.kv is None and cached.compressed_kv is None
+            want, got = ct(x, plain, **lengths), ct(x, cached, **lengths, cache_kv=True)
+            plain, cached = want.memory, got.memory
+            torch.testing.assert_close(got.hidden, want.hidden, rtol=0, atol=1e-12)
+            for a, b in zip([*cached.hidden, *cached.compressed], [*plain.hidden, *plain.compressed]):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+            assert torch.equal(cached.valid, plain.valid) and torch.equal(
+                cached.compressed_valid, plain.compressed_valid
+            )
+            for layer, kv, h, ckv, cm in zip(
+                ct.layers, cached.kv, cached.hidden, cached.compressed_kv, cached.compressed
+            ):
+                torch.testing.assert_close(kv, layer.attn.project_kv(h), rtol=0, atol=1e-12)
+                torch.testing.assert_close(ckv, layer.attn.project_kv(cm), rtol=0, atol=1e-12)
+    assert plain.kv is None and cached.compressed_valid.shape[1] == 3  # filled, then trimmed to n_cm
+
+
+def test_the_module_evaluates_with_the_cache_by_default_and_equally_without_it():
+    cached, plain = tiny(eval_cmem_len=3).eval(), tiny(eval_cmem_len=3, eval_cache_kv=False).eval()
+    assert (cached.eval_cache_kv, plain.eval_cache_kv) == (True, False)
+    g = torch.Generator().manual_seed(0)
+    memories = [model.init_memory(2) for model in (cached, plain)]
+    with torch.no_grad():
+        for _ in range(6):
+            batch = {
+                "input": torch.randint(0, 64, (2, 4), generator=g),
+                "target": torch.randint(0, 64, (2, 4), generator=g),
+            }
+            outs = [model.step(batch, memory) for model, memory in zip((cached, plain), memories)]
+            memories = [out.memory for out in outs]
+            torch.testing.assert_close(outs[0].nll, outs[1].nll, rtol=0, atol=1e-5)
+    assert memories[0].kv is not None and memories[1].kv is None
 
 
 # ---------------------------------------------------------------------------------- training f_c
@@ -415,7 +474,11 @@ def grouped_tiny() -> CompressiveTransformerLM:
         compression="conv", compression_rate=2, reconstruction="autoencoding",
     )  # fmt: skip
     return CompressiveTransformerLM(
-        vocab_size=64, network=network, mem_len=8, cmem_len=4, evaluation=CompressiveLengths(cmem_len=6)
+        vocab_size=64,
+        network=network,
+        mem_len=8,
+        cmem_len=4,
+        evaluation=CompressiveEvaluationMemory(cmem_len=6),
     )
 
 
@@ -431,7 +494,9 @@ def test_the_module_from_its_groups_equals_the_one_from_flat_keywords():
     flat = CompressiveTransformerLM(**FLAT_KNOBS)
     assert grouped.hparams == flat.hparams
     assert grouped.hparams["network"]["compression_rate"] == 2 and "compression_rate" not in grouped.hparams
-    assert grouped.hparams["evaluation"] == dict(mem_len=None, cmem_len=6, clamp_len=None, same_length=None)
+    assert grouped.hparams["evaluation"] == dict(
+        mem_len=None, cmem_len=6, clamp_len=None, same_length=None, cache_kv=True
+    )
     assert grouped.net.config == flat.net.config
     assert (grouped.eval_lengths, grouped.train_lengths) == (flat.eval_lengths, flat.train_lengths)
     assert grouped.eval_lengths == CompressiveLengths(mem_len=8, cmem_len=6, clamp_len=0, same_length=False)

@@ -32,12 +32,18 @@ class CompressiveMemory(NamedTuple):
     valid: (B, P_m) bool, the slot holds a real state (False: cleared by a document reset).
     compressed: per layer (B, P_cm, d), the compressed memory, oldest first.
     compressed_valid: (B, P_cm) bool.
+    kv, compressed_kv: at evaluation with the key/value cache, per layer the keys and values
+        (2, B, H, P_m, Dh) and (2, B, H, P_cm, Dh) the layer projected from those slots, so that they
+        are not projected again every segment (exact: the weights do not change); None otherwise, and
+        after a reset (the next segment projects every slot again and restarts the cache).
     """
 
     hidden: list[Tensor]
     valid: Tensor
     compressed: list[Tensor]
     compressed_valid: Tensor
+    kv: list[Tensor] | None = None
+    compressed_kv: list[Tensor] | None = None
 
 
 class Eviction(NamedTuple):
@@ -101,7 +107,8 @@ def append_compressed(
 
 
 def reset_compressive_memory_rows(memory: CompressiveMemory, reset: Tensor) -> CompressiveMemory:
-    """Clear both memories of the rows where reset (B,) is True: zero states, masked."""
+    """Clear both memories of the rows where reset (B,) is True: zero states, masked; the key/value
+    caches are dropped (the next segment projects the memories again)."""
     reset = reset.to(memory.valid.device)
     return CompressiveMemory(
         [h.masked_fill(reset[:, None, None], 0.0) for h in memory.hidden],

@@ -57,6 +57,15 @@ class CompressiveLengths(MemoryLengths):
     cmem_len: int | None = None
 
 
+@dataclass(frozen=True)
+class CompressiveEvaluationMemory(CompressiveLengths):
+    """The memories at validation and test (the module's `evaluation` group): the four lengths (None:
+    the training value) and cache_kv, carry the memories' keys and values instead of projecting both
+    memories again every segment (exact; as Transformer-XL's `EvaluationMemory.cache_kv`)."""
+
+    cache_kv: bool = True
+
+
 class CompressiveTransformerLM(LMBase):
     """Compressive Transformer language model.
 
@@ -71,7 +80,8 @@ class CompressiveTransformerLM(LMBase):
             compression, the compressed-memory attention logged at evaluation).
         mem_len, cmem_len: n_m and n_cm in training (cmem_len 0 = Transformer-XL).
         clamp_len, same_length: cap of relative positions (0 = none), equal key count per query.
-        evaluation: the same four at validation/test (`CompressiveLengths`; None = training's).
+        evaluation: the same four at validation/test (None = training's) and cache_kv
+            (`CompressiveEvaluationMemory`).
         reconstruction_weight: the weight of that loss in the training loss (it reaches f_c only).
         compression_lr: f_c's learning rate in its own optimizer group (None: one group, the
             optimizer's learning rate).
@@ -95,7 +105,7 @@ class CompressiveTransformerLM(LMBase):
         cmem_len: int = 512,
         clamp_len: int = 0,
         same_length: bool = False,
-        evaluation: CompressiveLengths = CompressiveLengths(),
+        evaluation: CompressiveEvaluationMemory = CompressiveEvaluationMemory(),
         reconstruction_weight: float = 1.0,
         compression_lr: float | None = None,
         log_compressed_attention: bool = False,
@@ -109,6 +119,7 @@ class CompressiveTransformerLM(LMBase):
         self.save_hyperparameters()
         self.train_lengths = CompressiveLengths(mem_len, clamp_len, same_length, cmem_len)
         self.eval_lengths = evaluation.over(self.train_lengths)
+        self.eval_cache_kv = evaluation.cache_kv
         lengths = dataclasses.asdict(self.train_lengths)
         lengths.update({f"eval_{k}": v for k, v in dataclasses.asdict(evaluation).items()})
         if negative := [k for k, v in lengths.items() if (v or 0) < 0]:
@@ -171,6 +182,7 @@ class CompressiveTransformerLM(LMBase):
             **dataclasses.asdict(lengths),
             need_reconstruction=learns,
             need_compressed_mass=need_mass,
+            cache_kv=evaluating and self.eval_cache_kv,
         )
         nll = self.net.nll(out.hidden, batch["target"])  # (B, n)
         logs: dict[str, Tensor | float] = {}

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.core.knob_groups import network_config
+from longctx.methods import fifo
 from longctx.methods.compressive_transformer.compression import (
     COMPRESSIONS,
     CompressionKind,
@@ -161,11 +162,14 @@ class CompressiveTransformer(TransformerXL):
         need_weights: bool = False,
         need_reconstruction: bool = False,
         need_compressed_mass: bool = False,
+        cache_kv: bool = False,
     ) -> CompressiveOutput:
         """x: (B, n) token ids; memory: `CompressiveMemory`; mem_len, cmem_len: n_m and n_cm kept for the
         next segment (cmem_len 0: Transformer-XL); clamp_len: cap of relative positions (0 = none);
         same_length: every query sees min(n_m + n_cm, ·) memory keys; need_reconstruction: compute
-        the loss that trains f_c; need_compressed_mass: the attention on the compressed memory."""
+        the loss that trains f_c; need_compressed_mass: the attention on the compressed memory;
+        cache_kv (evaluation, no gradients): read the memories' keys and values from the memory's
+        caches when it has them and return the new memory with them (`CompressiveMemory.kv`)."""
         n = x.shape[1]
         if len(memory.hidden) != self.n_layers:
             raise ValueError(f"memory has {len(memory.hidden)} layers, the model {self.n_layers}")
@@ -178,10 +182,15 @@ class CompressiveTransformer(TransformerXL):
         compressing = cmem_len > 0
         need_usage = compressing and self.compressors[0].needs_usage
         e = evicted_count(memory.valid.shape[1], n, mem_len, self.compression_rate, compressing)
+        cached = cache_kv and memory.kv is not None and memory.compressed_kv is not None
         inputs, attns, usage, mass = [], [], [], []
         for i, layer in enumerate(self.layers):
             inputs.append(h)
             window = torch.cat([memory.compressed[i].to(h.dtype), memory.hidden[i].to(h.dtype)], dim=1)
+            # (2, B, H, P_cm + P_m, Dh), the window's keys and values as cached, or None: projected
+            window_kv = (
+                torch.cat([memory.compressed_kv[i], memory.kv[i]], dim=3).to(h.dtype) if cached else None
+            )
             h, attn = layer(
                 h,
                 window,
@@ -192,6 +201,7 @@ class CompressiveTransformer(TransformerXL):
                 same_length=mem_len + cmem_len if same_length else None,
                 need_mass=need_mass,
                 need_weights=need_weights or need_usage or need_compressed_mass,
+                mem_kv=window_kv,
             )
             # Read from the attention weights (B, H, n, W), layer by layer: [cm (n_cm) ; m ; segment].
             if need_usage:  # what each state to be evicted received, averaged over heads and queries
@@ -215,9 +225,26 @@ class CompressiveTransformer(TransformerXL):
             cmem_len,
         )
         loss = self._reconstruction_loss(inputs, eviction, new) if need_reconstruction else None
-        new_memory = CompressiveMemory(eviction.hidden, eviction.valid, compressed, compressed_valid)
+        caches = self._updated_caches(attns, n_cm, e, new, cmem_len) if cache_kv else (None, None)
+        new_memory = CompressiveMemory(eviction.hidden, eviction.valid, compressed, compressed_valid, *caches)
         mass_per_layer = torch.stack(mass) if need_compressed_mass else None
         return CompressiveOutput(self.drop(h), new_memory, attns, loss, mass_per_layer)
+
+    @torch.no_grad()
+    def _updated_caches(
+        self, attns: list[AttentionOutput], n_cm: int, evicted: int, new: list[Tensor] | None, cmem_len: int
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """The key/value caches of the new memories, per layer: the memory's from the keys and values
+        each layer computed for [cm ; m ; segment] (`AttentionOutput.kv`), with the same eviction as
+        the states (`evict`); the compressed memory's: the held slots', then the new compressed
+        states' projected by the layer once, with the same trimming as the slots (`append_compressed`)."""
+        kv, compressed_kv = [], []
+        for i, attn in enumerate(attns):
+            kv.append(fifo.split_evicted(attn.kv[:, :, :, n_cm:], evicted, dim=3).kept)
+            held = attn.kv[:, :, :, :n_cm]
+            added = self.layers[i].attn.project_kv(new[i]) if new else held[:, :, :, :0]
+            compressed_kv.append(fifo.fifo_append(held, added.to(held.dtype), cmem_len, dim=3).kept)
+        return kv, compressed_kv
 
     def _reconstruction_loss(
         self, inputs: list[Tensor], eviction: Eviction, new: list[Tensor] | None

@@ -204,6 +204,12 @@ class RelMultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
 
+    def project_kv(self, states: Tensor) -> Tensor:
+        """Keys and values (2, B, H, T, Dh) of layer inputs `states` (B, T, d), as this layer projects
+        its memory and segment (LayerNorm first under pre-LN): what a key/value cache holds for them."""
+        states_in = self.layer_norm(states) if self.pre_lnorm else states
+        return self._kv_heads(F.linear(states_in, self.qkv_net.weight[self.n_heads * self.d_head :]))
+
     def _kv_heads(self, x: Tensor) -> Tensor:
         """Projected keys and values (B, T, 2·H·Dh) -> (2, B, H, T, Dh), a view."""
         B, T, _ = x.shape
