@@ -6,7 +6,8 @@ The memory carried across batches is, per layer, the last `mem_len` (n_m) inputs
 uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the `evaluation` group's
 (`CompressiveLengths`, in configs `model.init_args.evaluation.cmem_len`; flat `eval_cmem_len` in Python and
 in checkpoints saved before the groups; None = the training value), so a checkpoint can be evaluated
-with longer memories.
+with longer memories. At evaluation both memories carry their keys and values (`evaluation.cache_kv`,
+default on, as Transformer-XL's): each slot is projected once, when it enters its memory.
 
 Knobs (issue 21): the network's, Transformer-XL's and f_c's, are one `CompressiveTransformer.Config`
 (`model.init_args.network.*`); the memory lengths, the loss weight, f_c's learning rate and the logging

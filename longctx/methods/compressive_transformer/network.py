@@ -240,7 +240,7 @@ class CompressiveTransformer(TransformerXL):
         states' projected by the layer once, with the same trimming as the slots (`append_compressed`)."""
         kv, compressed_kv = [], []
         for i, attn in enumerate(attns):
-            kv.append(fifo.split_evicted(attn.kv[:, :, :, n_cm:], evicted, dim=3).kept)
+            kv.append(fifo.split_evicted(attn.kv[:, :, :, n_cm:], evicted, dim=3).kept.clone())
             held = attn.kv[:, :, :, :n_cm]
             added = self.layers[i].attn.project_kv(new[i]) if new else held[:, :, :, :0]
             compressed_kv.append(fifo.fifo_append(held, added.to(held.dtype), cmem_len, dim=3).kept)
