@@ -27,7 +27,6 @@ synced across ranks, while a predict loop would gather unreduced per-rank output
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import netrc
 import os
 import re
@@ -36,6 +35,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from pydoc import locate
 from typing import Any, Literal
 
 import torch
@@ -275,8 +275,9 @@ class ReportGroupErrors:
         class_path = config.get("model.class_path") if isinstance(config, Namespace) else None
         if not isinstance(class_path, str):
             return "model"
-        module, _, name = class_path.rpartition(".")
-        model_class = getattr(importlib.import_module(module), name)
+        model_class = locate(class_path)
+        if not isinstance(model_class, type):
+            return "model"
         names = [key for key, (group, _) in group_types(model_class.__init__).items() if group is class_type]
         return f"model.init_args.{names[0]}" if len(names) == 1 else "model"
 

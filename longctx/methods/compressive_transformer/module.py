@@ -1,13 +1,14 @@
 """`CompressiveTransformerLM`: the Compressive Transformer (Rae et al. 2020) on the `LMBase` spine.
 
 The memory carried across batches is, per layer, the last `mem_len` (n_m) inputs of the layer and
-`cmem_len` (n_cm) compressed states, with validity masks (`memory.py`); rows that start a new document
-(PG-19 books) get both cleared; a resumed run restarts them empty, as for Transformer-XL. Training
-uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the `evaluation` group's
-(`CompressiveLengths`, in configs `model.init_args.evaluation.cmem_len`; flat `eval_cmem_len` in Python and
-in checkpoints saved before the groups; None = the training value), so a checkpoint can be evaluated
-with longer memories. At evaluation both memories carry their keys and values (`evaluation.cache_kv`,
-default on, as Transformer-XL's): each slot is projected once, when it enters its memory.
+`cmem_len` (n_cm) compressed states, with validity masks (`memory.py`); rows that start a new
+document (PG-19 books) get both cleared; a resumed run restarts them empty, as for Transformer-XL.
+Training uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the
+`evaluation` group's (`CompressiveEvaluationMemory`, in configs
+`model.init_args.evaluation.cmem_len`; flat `eval_cmem_len` in Python and in checkpoints saved
+before the groups; None = the training value), so a checkpoint can be evaluated with longer
+memories. At evaluation both memories carry their keys and values (`evaluation.cache_kv`, default
+on, as Transformer-XL's): each slot is projected once, when it enters its memory.
 
 Knobs (issue 21): the network's, Transformer-XL's and f_c's, are one `CompressiveTransformer.Config`
 (`model.init_args.network.*`); the memory lengths, the loss weight, f_c's learning rate and the logging
@@ -51,9 +52,9 @@ from longctx.methods.transformer_xl.memory import MemoryLengths, length_attribut
 @dataclass(frozen=True)
 class CompressiveLengths(MemoryLengths):
     """Transformer-XL's lengths (mem_len n_m, clamp_len, same_length) and the compressed memory's,
-    cmem_len (n_cm): what `CompressiveTransformer.forward` runs with. As the module's `evaluation`
-    group (flat names `eval_mem_len`, `eval_cmem_len`, ...), a field None is the training value
-    (`MemoryLengths.over`), so a checkpoint can be evaluated with longer memories."""
+    cmem_len (n_cm): what `CompressiveTransformer.forward` runs with, the module's `train_lengths`
+    and `eval_lengths` (the latter from the `evaluation` group, `CompressiveEvaluationMemory`, where a
+    field None is the training value: `MemoryLengths.over`)."""
 
     cmem_len: int | None = None
 

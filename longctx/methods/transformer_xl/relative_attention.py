@@ -315,9 +315,7 @@ class RelMultiHeadAttention(nn.Module):
         if mem_kv is not None:
             kv = join("kv", mem_kv, self._kv_heads(F.linear(x_in, w_kv)))
         else:
-            cat = torch.cat([mem, x], dim=1) if P else x  # (B, P + n, d)
-            cat_in = self.layer_norm(cat) if self.pre_lnorm else cat
-            kv = self._kv_heads(F.linear(cat_in, w_kv))
+            kv = self.project_kv(torch.cat([mem, x], dim=1) if P else x)  # of (B, P + n, d)
         key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, n)], dim=1)[:, None, :]  # (B, 1, P + n)
         score = mem_score  # (B, H, P): each slot scored once, when it enters the pool (the score cache)
         if need_score and mem_score is None:
