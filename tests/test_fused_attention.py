@@ -21,8 +21,9 @@ from longctx.methods.compressive_transformer.network import CompressiveTransform
 from longctx.methods.transformer_xl.memory import reset_memory_rows
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.transformer_xl.network import TransformerXL
-from longctx.methods.transformer_xl.relative_attention import RelMultiHeadAttention, sinusoid_positions
+from longctx.methods.transformer_xl.relative_attention import sinusoid_positions
 from longctx.methods.transformer_xl.trams import TramsSettings
+from tests.xl_layers import attend, attention_layer
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 VOCAB = 40
@@ -192,14 +193,14 @@ def test_xl_query_without_keys_is_nan_as_in_eager():
 
 def test_xl_fused_applies_attention_dropout_in_training_only():
     torch.manual_seed(0)
-    attn = RelMultiHeadAttention(d_model=8, n_heads=2, d_head=4, dropout=0.0, dropatt=0.5)
+    attn = attention_layer(d_model=8, n_heads=2, d_head=4, dropatt=0.5)
     x, mem = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
     valid, biases = torch.ones(2, 3, dtype=torch.bool), (torch.zeros(2, 4), torch.zeros(2, 4))
-    args = (x, mem, valid, sinusoid_positions(7, 8), *biases)
-    first, second = attn(*args).out, attn(*args).out
+    args = (attn, x, mem, valid, sinusoid_positions(7, 8), *biases)
+    first, second = attend(*args).out, attend(*args).out
     assert not torch.allclose(first, second)  # probabilities dropped, a fresh draw each call
     attn.eval()
-    torch.testing.assert_close(attn(*args).out, attn(*args).out, rtol=0, atol=0)
+    torch.testing.assert_close(attend(*args).out, attend(*args).out, rtol=0, atol=0)
 
 
 def test_bad_attention_kernel_is_one_line():

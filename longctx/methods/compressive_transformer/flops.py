@@ -14,12 +14,17 @@ The reconstruction loss runs in training only and is not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from longctx.flops import flops_from_macs
 from longctx.methods.compressive_transformer.compression import CompressionKind
 from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs_per_token
+
+if TYPE_CHECKING:
+    from longctx.methods.compressive_transformer.memory import CompressiveLengths
+    from longctx.methods.compressive_transformer.network import CompressiveTransformerConfig
 
 
 def compression_macs_per_state(compression: CompressionKind, d_model: int, rate: int) -> float:
@@ -32,29 +37,19 @@ def compression_macs_per_state(compression: CompressionKind, d_model: int, rate:
 
 
 def macs_per_token(
-    n_layers: int,
-    d_model: int,
-    n_heads: int,
-    d_head: int,
-    d_inner: int,
-    vocab_size: int,
-    segment_length: int,
-    mem_len: int,
-    cmem_len: int,
-    compression: CompressionKind = "conv",
-    compression_rate: int = 3,
-    cutoffs: Sequence[int] = (),
-    d_embed: int | None = None,
-    div_val: int = 1,
+    config: CompressiveTransformerConfig, vocab_size: int, lengths: CompressiveLengths, segment_length: int
 ) -> float:
-    """Multiply-accumulates per scored token (forward pass, steady state: full memories)."""
-    P = mem_len + cmem_len  # the attended memory slots
-    xl = xl_macs_per_token(
-        n_layers, d_model, n_heads, d_head, d_inner, vocab_size, segment_length, P, cutoffs, d_embed, div_val
-    )
-    if cmem_len == 0:
+    """Multiply-accumulates per scored token (forward pass, steady state: full memories).
+
+    config: the network's sizes, f_c and c (`CompressiveTransformer.Config`); lengths: n_m
+    (`mem_len`) and n_cm (`cmem_len`); segment_length: n_s.
+    """
+    attended = dataclasses.replace(lengths, mem_len=lengths.mem_len + lengths.cmem_len)  # P = n_m + n_cm
+    xl = xl_macs_per_token(config, vocab_size, attended, segment_length)
+    if lengths.cmem_len == 0:
         return xl
-    return xl + n_layers * compression_macs_per_state(compression, d_model, compression_rate)
+    f_c = compression_macs_per_state(config.compression, config.d_model, config.compression_rate)
+    return xl + config.n_layers * f_c
 
 
 def flops_per_token(*args, **kwargs) -> float:

@@ -44,19 +44,9 @@ from torch import Tensor
 from longctx.core.base import LMBase, StepOutput
 from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
-from longctx.methods.compressive_transformer.memory import CompressiveMemory
+from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
-from longctx.methods.transformer_xl.memory import MemoryLengths, length_attributes
-
-
-@dataclass(frozen=True)
-class CompressiveLengths(MemoryLengths):
-    """Transformer-XL's lengths (mem_len n_m, clamp_len, same_length) and the compressed memory's,
-    cmem_len (n_cm): what `CompressiveTransformer.forward` runs with, the module's `train_lengths`
-    and `eval_lengths` (the latter from the `evaluation` group, `CompressiveEvaluationMemory`, where a
-    field None is the training value: `MemoryLengths.over`)."""
-
-    cmem_len: int | None = None
+from longctx.methods.transformer_xl.memory import length_attributes
 
 
 @dataclass(frozen=True)
@@ -153,23 +143,7 @@ class CompressiveTransformerLM(LMBase):
     # ------------------------------------------------------------------ cost
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`)."""
-        config, net = self.net.config, self.net
-        return ct_flops.flops_per_token(
-            n_layers=net.n_layers,
-            d_model=net.d_model,
-            n_heads=net.n_heads,
-            d_head=net.d_head,
-            d_inner=config.d_inner,
-            vocab_size=self.vocab_size,
-            segment_length=segment_length,
-            mem_len=self.eval_lengths.mem_len,
-            cmem_len=self.eval_lengths.cmem_len,
-            compression=config.compression,
-            compression_rate=config.compression_rate,
-            cutoffs=self.cutoffs,
-            d_embed=config.d_embed,
-            div_val=config.div_val,
-        )
+        return ct_flops.flops_per_token(self.net.config, self.vocab_size, self.eval_lengths, segment_length)
 
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: CompressiveMemory) -> StepOutput:

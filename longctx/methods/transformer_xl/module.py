@@ -162,19 +162,11 @@ class TransformerXLLM(LMBase):
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with the full evaluation memory (TRAMS: the
         pool M, the attended window and the scoring; `flops.py`)."""
-        net, c = self.net, self.net.config
         return xl_flops.flops_per_token(
-            n_layers=net.n_layers,
-            d_model=net.d_model,
-            n_heads=net.n_heads,
-            d_head=net.d_head,
-            d_inner=c.d_inner,
-            vocab_size=self.vocab_size,
-            segment_length=segment_length,
-            memory_length=self.eval_lengths.mem_len,
-            cutoffs=self.cutoffs,
-            d_embed=c.d_embed,
-            div_val=c.div_val,
+            self.net.config,
+            self.vocab_size,
+            self.eval_lengths,
+            segment_length,
             cache_kv=self.eval_cache_kv,
             trams=self.trams,
             scored_per_segment=segment_length - 1 if self.protocol == "trams" else segment_length,
