@@ -424,11 +424,11 @@ def test_word_level_cutoffs_on_a_byte_vocabulary_give_a_full_softmax(module, cap
     with caplog.at_level("INFO"):
         word_recipe = cls(**sizes, cutoffs=[200, 2000, 8000])
     full = cls(**sizes, cutoffs=[])
-    assert word_recipe.cutoffs == [200] and full.cutoffs == []
+    assert word_recipe.net.config.cutoffs == (200,) and full.net.config.cutoffs == ()
     assert word_recipe.net.crit.cutoffs == [200, 256]
     assert "cutoffs [200, 2000, 8000] reach past the vocabulary (256)" in caplog.text
     beyond = cls(**sizes, cutoffs=[2000, 8000])
-    assert beyond.cutoffs == [] and beyond.net.crit.cutoffs == [256]
+    assert beyond.net.config.cutoffs == () and beyond.net.crit.cutoffs == [256]
     assert {k: v.shape for k, v in beyond.net.state_dict().items()} == {
         k: v.shape for k, v in full.net.state_dict().items()
     }

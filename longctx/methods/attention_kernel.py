@@ -37,6 +37,12 @@ log = logging.getLogger(__name__)
 Fn = TypeVar("Fn", bound=Callable[..., torch.Tensor])
 
 
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """t in float32 at least (bf16 and fp16 under autocast are raised), float64 kept: the dtype the
+    authors' codes compute softmax statistics (and TRAMS's QR factor) in."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def check_attention_kernel(attention: str) -> None:
     """One line naming a bad `attention` value and the choices."""
     if attention not in ATTENTION_KERNELS:

@@ -116,11 +116,7 @@ class CompressiveTransformerLM(LMBase):
         lengths.update({f"eval_{k}": v for k, v in dataclasses.asdict(evaluation).items()})
         if negative := [k for k, v in lengths.items() if (v or 0) < 0]:
             raise ValueError(f"{', '.join(negative)} must be >= 0")
-        network, cutoffs_note = network.within_vocabulary(vocab_size)
-        if cutoffs_note:
-            rank_zero_info(cutoffs_note)
-        self.cutoffs = list(network.cutoffs)
-        self.net = network.build(vocab_size)
+        self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.reconstruction_weight = reconstruction_weight
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.core.knob_groups import network_config
+from longctx.methods.attention_kernel import at_least_float32
 from longctx.methods.compressive_transformer.compression import (
     COMPRESSIONS,
     CompressionKind,
@@ -227,7 +228,7 @@ def content_attention(attn: RelMultiHeadAttention, query: Tensor, memory: Tensor
         return F.linear(t, w).view(*t.shape[:2], H, Dh).transpose(1, 2)
 
     scores = heads(query, w_q) @ heads(memory, w_k).transpose(-1, -2) * attn.scale  # (B, H, n, e)
-    scores = scores.float().masked_fill(~valid[:, None, None, :], float("-inf"))
+    scores = at_least_float32(scores).masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row without a valid slot attends to nothing
     return probs.to(memory.dtype) @ heads(memory, w_v)
 

@@ -121,11 +121,7 @@ class TransformerXLLM(LMBase):
             raise ValueError(f"mem_len ({mem_len}) and clamp_len ({clamp_len}) must be >= 0")
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
-        network, cutoffs_note = network.within_vocabulary(vocab_size)
-        if cutoffs_note:
-            rank_zero_info(cutoffs_note)
-        self.cutoffs = list(network.cutoffs)
-        self.net = network.build(vocab_size)
+        self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.train_lengths = MemoryLengths(mem_len, clamp_len, same_length)
         self.eval_lengths = evaluation.over(self.train_lengths)
         self.eval_cache_kv = evaluation.cache_kv

@@ -14,6 +14,7 @@ N(0, proj_init_std) for adaptive projections, N(1, init_std) for LayerNorm weigh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -103,18 +104,18 @@ class TransformerXLConfig:
     def build(self, vocab_size: int) -> TransformerXL:
         return TransformerXL(vocab_size, self)
 
-    def within_vocabulary(self, vocab_size: int) -> tuple[TransformerXLConfig, str | None]:
-        """This config with only the cutoffs inside `vocab_size` (`cutoffs_within`: a word-level
-        recipe read at byte level keeps a full softmax), and the line that says so, or None when every
-        cutoff is kept. The modules print it once (rank zero)."""
+    def build_within(self, vocab_size: int, say: Callable[[str], object]) -> TransformerXL:
+        """The network over `vocab_size` with only the cutoffs inside it (`cutoffs_within`: a
+        word-level recipe read at byte level keeps a full softmax), saying so with `say` when some
+        are dropped (the modules pass Lightning's `rank_zero_info`: one line, rank zero)."""
         kept = tuple(cutoffs_within(vocab_size, self.cutoffs))
         if kept == self.cutoffs:
-            return self, None
-        note = (
+            return self.build(vocab_size)
+        say(
             f"longctx: cutoffs {list(self.cutoffs)} reach past the vocabulary ({vocab_size}): "
             f"adaptive softmax cutoffs {list(kept) or 'none (a full softmax)'}"
         )
-        return replace(self, cutoffs=kept), note
+        return replace(self, cutoffs=kept).build(vocab_size)
 
 
 class PositionwiseFF(nn.Module):

@@ -41,7 +41,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel, flex_or_sdpa
+from longctx.methods.attention_kernel import (
+    AttentionKernel,
+    at_least_float32,
+    check_attention_kernel,
+    flex_or_sdpa,
+)
 from longctx.methods.transformer_xl.flex_relative import distance_table, relative_flex_attention
 
 
@@ -229,8 +234,7 @@ class RelMultiHeadAttention(nn.Module):
 
     def _softmax(self, q: Tensor, window: KeyWindow, pos_emb: Tensor, u: Tensor, v: Tensor) -> Tensor:
         """softmax over the keys of the scores, −inf where blocked, in at least float32: (B, H, n, W)."""
-        scores = self._scores(q, window, pos_emb, u, v)
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        scores = at_least_float32(self._scores(q, window, pos_emb, u, v))
         return torch.softmax(scores.masked_fill(window.blocked(q.shape[2]), float("-inf")), dim=-1)
 
     def _fused(self, q: Tensor, window: KeyWindow, pos_emb: Tensor, u: Tensor, v: Tensor) -> Tensor:

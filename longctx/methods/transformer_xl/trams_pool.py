@@ -123,7 +123,7 @@ class TramsSegment(XLSegment):
         if not self.cache_scores:
             return None, None
         carried = self.pool_scores is not None
-        S = self.memory.score_matrix if carried else torch.stack(self.score_matrices)  # (L, H, Dh, ·)
+        matrices = self.memory.score_matrix if carried else torch.stack(self.score_matrices)  # (L, H, Dh, ·)
         pool = self.pool_scores if carried else torch.stack(self.new_pool_scores)  # (L, B, H, P)
-        new = layer_scores([kv[0, :, :, self.slots :] for kv in self.kv], S)  # (L, B, H, n)
-        return self.fifo.split(self._join("score", pool, new), dim=3).kept.detach(), S
+        new = layer_scores([kv[0, :, :, self.slots :] for kv in self.kv], matrices)  # (L, B, H, n)
+        return self.fifo.split(self._join("score", pool, new), dim=3).kept.detach(), matrices
