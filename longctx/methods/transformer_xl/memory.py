@@ -20,7 +20,7 @@ At evaluation the weights do not change, so a layer's memory keys and values (W_
 stored inputs h) can be cached with the memory instead of being projected again every segment (the
 released codes re-project them); that cache is exact and dropped whenever rows are reset. Under TRAMS
 with a key-only metric ("code", "paper") each slot's selection score is cached with its key the same
-way (`trams.py`): computed once, when the slot enters the pool, and dropped with the keys. The cached
+way (`trams_pool.py`): computed once, when the slot enters the pool, and dropped with the keys. The cached
 memory's tensors are views of buffers that the next segment appends to in place (`slot_store.py`).
 """
 

@@ -24,9 +24,9 @@ the older slots, per layer, head and batch row. What the released code (lwaekfjl
   the key/value cache the keys are projected again every segment, and so scored again (the released
   computation; the projection dominates that path anyway).
 - The segment's keys are never selectable in their own segment (the selectable slots are the pool's
-  older ones), so with the score cache the network scores every layer's new keys at once, after the
-  layers, in one batched product (`layer_scores`), and selects every layer's window at once, before
-  the layers, from the cached scores of the pools (`select_windows`).
+  older ones), so with the score cache TRAMS's memory type (`trams_pool.py`) scores every layer's new
+  keys at once, after the layers, in one batched product (`layer_scores`), and selects every layer's
+  window at once, before the layers, from the cached scores of the pools (`select_windows`).
 - The window [selected, kept, segment] is gathered with one `index_select` of whole rows for keys
   and values together (`gather_rows`), from the cache's buffers, which the segment's keys and values
   are appended to in place (`slot_store.py`): no pool-sized copy per segment.
