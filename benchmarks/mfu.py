@@ -1,7 +1,7 @@
 """Model FLOPs utilisation (MFU) of every method at its paper's shape: training and evaluation in
 bf16-mixed, with eager, fused (sdpa, flex) and compiled attention, tokens/s and peak memory.
 
-    python benchmarks/mfu.py --device cuda                 # every method, within --budget_s (270 s)
+    python benchmarks/mfu.py --device cuda                 # every method, within --budget_s (300 s)
     python benchmarks/mfu.py --dry                         # no GPU: the paper shapes on the meta device
     python benchmarks/mfu.py --device cpu --tiny           # the same code at tiny shapes, in seconds
     python benchmarks/mfu.py --device cuda --variants sdpa --profile DIR   # and a profile of each step
@@ -44,8 +44,10 @@ import argparse
 import gc
 import json
 import math
+import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -365,51 +367,55 @@ HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero")  # .item()/.tolist()
 
 
 def profile(step: Callable[[dict], None], batches: list[dict], path: Path, device: torch.device) -> list[str]:
-    """torch.profiler over `batches`: the full table (top 60 by self device time, CPU time on a CPU)
-    written to `path`, and a few lines: GPU busy share of the wall time, kernel launches, host syncs
-    and the top kernels and modules per step."""
+    """torch.profiler over `batches`: the table (top 60 by self device time; CPU time on a CPU)
+    written to `path`, and per step a few lines: kernel launches, host syncs and the GPU's busy share
+    of the wall time (low: launch- or host-bound); the aten ops by the time of the kernels they
+    launch themselves (the relative shift's copies, the adaptive softmax's nonzero...); the kernels;
+    the forward's time by module."""
     from torch.profiler import ProfilerActivity
 
     cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     synchronize(device)
     start = time.perf_counter()
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(
+        activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    ) as prof:
         for batch in batches:
             step(batch)
         synchronize(device)
-    wall_us = (time.perf_counter() - start) * 1e6
+    wall_ms = (time.perf_counter() - start) * 1e3 / len(batches)
     events = prof.key_averages()
-    time_of = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         events.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=60)
     )
-    n = len(batches)
-    count = {e.key: e.count for e in events}
+    per_step = {e.key: e.count / len(batches) for e in events}
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    inclusive = (lambda e: e.device_time_total) if cuda else (lambda e: e.cpu_time_total)
     kernels = [e for e in events if cuda and e.device_type == torch.autograd.DeviceType.CUDA]
-    busy = sum(time_of(e) for e in kernels)
+    busy_us = sum(own(e) for e in kernels)
+    busy_ms = busy_us / 1e3 / len(batches)
+    ops = [e for e in events if e.key.startswith("aten::")]
+    total = sum(own(e) for e in ops) or 1.0
+
+    def shares(ranked: list, of: float, width: int) -> str:
+        return "; ".join(f"{100 * own(e) / of:.0f}% {e.key[:width]}" for e in ranked)
+
     lines = [
-        f"per step: {sum(count.get(k, 0) for k in LAUNCHES) / n:.0f} kernel launches, "
-        f"{sum(count.get(k, 0) for k in SYNCS) / n:.1f} stream syncs, "
-        + ", ".join(f"{count.get(k, 0) / n:.1f} {k}" for k in HOST_READS)
-        + (f"; GPU busy {100 * busy / wall_us:.0f}% of {wall_us / n / 1e3:.1f} ms" if cuda else "")
+        f"per step: {sum(per_step.get(k, 0) for k in LAUNCHES):.0f} kernel launches, "
+        f"{sum(per_step.get(k, 0) for k in SYNCS):.1f} stream syncs, "
+        + ", ".join(f"{per_step.get(k, 0):.1f} {k}" for k in HOST_READS)
+        + (f"; GPU busy {busy_ms:.1f} of {wall_ms:.1f} ms ({100 * busy_ms / wall_ms:.0f}%)" if cuda else ""),
+        "ops: " + shares(sorted(ops, key=own, reverse=True)[:8], total, 48),
     ]
-    ranked = sorted(kernels or events, key=time_of, reverse=True)[:5]
-    total = busy or sum(time_of(e) for e in events)
-    lines.append("top: " + "; ".join(f"{100 * time_of(e) / total:.0f}% {e.key[:60]}" for e in ranked))
-    modules = sorted(
-        (e for e in events if e.key.startswith("module::")),
-        key=lambda e: e.device_time_total if cuda else e.cpu_time_total,
-        reverse=True,
-    )
-    if modules:
-        inclusive = (lambda e: e.device_time_total) if cuda else (lambda e: e.cpu_time_total)
+    if kernels:
+        lines.append("kernels: " + shares(sorted(kernels, key=own, reverse=True)[:4], busy_us or 1.0, 90))
+    if modules := sorted((e for e in events if e.key.startswith("module::")), key=inclusive, reverse=True):
         lines.append(
             "forward by module (inclusive): "
-            + "; ".join(f"{e.key[8:]} {inclusive(e) / n / 1e3:.1f} ms" for e in modules[:6])
+            + "; ".join(f"{e.key[8:]} {inclusive(e) / 1e3 / len(batches):.1f} ms" for e in modules[:6])
         )
-    return [*lines, f"table: {path}"]
+    return lines
 
 
 # ------------------------------------------------------------------ workers
@@ -420,6 +426,7 @@ def worker(args: argparse.Namespace) -> None:
     the deadline would not hold it (on a GPU)."""
     if args.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # float32 matmuls (outside autocast) in TF32
+    die_with_parent(args.parent)
     jobs = {job.id: job for job in plan(list(BENCHES), list(MODES), list(VARIANTS), args.tiny)}
     for job_id in args.only:
         job = jobs[job_id]
@@ -430,13 +437,27 @@ def worker(args: argparse.Namespace) -> None:
             try:
                 result = measure(job, args)
             except Exception as err:  # one row's failure is its row's note; the others run
-                result = {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"}
+                first_line = (str(err).strip().splitlines() or [""])[0]
+                result = {"error": f"{type(err).__name__}: {first_line[:300]}"}
             release_memory()
         print(json.dumps({"id": job_id, **result}), flush=True)
 
 
+def die_with_parent(parent: int) -> None:
+    """A killed parent takes its worker along (Linux: PR_SET_PDEATHSIG), so that no orphan keeps the
+    GPU busy during the next part of `gpu.sh`; a parent already gone (killed while this process
+    imported torch) ends it here."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        sys.exit("error: the parent process is gone")
+
+
 def worker_command(args: argparse.Namespace, job_ids: list[str], deadline: float) -> list[str]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--device", str(args.device)]
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(os.getpid())]
+    command += ["--device", str(args.device)]
     command += ["--steps", str(args.steps), "--deadline", repr(deadline), "--only", *job_ids]
     if args.tiny:
         command.append("--tiny")
@@ -445,41 +466,52 @@ def worker_command(args: argparse.Namespace, job_ids: list[str], deadline: float
     return command
 
 
+class Stopped(Exception):
+    """SIGTERM reached the parent (e.g. `gpu.sh`'s time limit): the table of the rows so far is printed."""
+
+
+def stop(signum: int, frame: object) -> None:
+    raise Stopped
+
+
 def run_workers(jobs: list[Job], args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, dict]:
     """Each job's result, from worker processes: a worker that dies loses its current row (the
-    error: its stderr's last line) and a new one runs the rest; past the deadline plus a grace the
-    worker is killed and the rows left are marked."""
+    error: its stderr's last line) and a new one runs the rest; past the deadline plus a grace, or
+    on SIGTERM (`Stopped`), the worker is killed and the rows left are marked."""
     start = time.time()
     deadline = start + args.budget_s
     results: dict[str, dict] = {}
     pending = [job.id for job in jobs]
-    while pending:
-        if time.time() > deadline:
-            results.update({job_id: {"skipped": "time budget"} for job_id in pending})
-            break
+    while pending and time.time() <= deadline:
         with tempfile.TemporaryFile("w+") as stderr:
             process = subprocess.Popen(
                 worker_command(args, pending, deadline), stdout=subprocess.PIPE, stderr=stderr, text=True
             )
-            for line in lines_until(process, deadline + GRACE_S):
-                try:
-                    result = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a library printed to stdout
-                job_id = result.pop("id")
-                results[job_id] = result
-                pending.remove(job_id)
-                log(f"[{time.time() - start:5.0f} s] {job_id}: {summary(result)}")
+            try:
+                for line in lines_until(process, deadline + GRACE_S):
+                    try:
+                        result = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a library printed to stdout
+                    job_id = result.pop("id")
+                    results[job_id] = result
+                    pending.remove(job_id)
+                    log(f"[{time.time() - start:5.0f} s] {job_id}: {summary(result)}")
+            except Stopped:
+                results[pending.pop(0)] = {"error": "stopped by SIGTERM"}
+                deadline = 0.0  # the rest: not run
             if process.poll() is None:
                 process.kill()
                 process.wait()
-                results[pending.pop(0)] = {"error": f"killed {GRACE_S:.0f} s past the time budget"}
-            elif pending:
+                if deadline:
+                    results[pending.pop(0)] = {"error": f"killed {GRACE_S:.0f} s past the time budget"}
+            elif pending and deadline:
                 stderr.seek(0)
                 last = [line for line in stderr.read().splitlines() if line.strip()][-1:] or ["no output"]
                 results[pending.pop(0)] = {
                     "error": f"worker died (exit {process.returncode}): {last[0][:300]}"
                 }
+    results.update({job_id: {"skipped": "time budget"} for job_id in pending})
     return results
 
 
@@ -586,7 +618,7 @@ def dry(tiny: bool) -> list[dict]:
                 continue
             lm = bench.build(scale, mode, "cpu" if method == "adaptive_span" else "meta")
             lm.train(mode == "train")
-            targets = zipf_tokens(scale.vocab, (2**20,), torch.Generator().manual_seed(0))
+            targets = zipf_tokens(scale.vocab, (2**16,), torch.Generator().manual_seed(0))
             counted = counting_module(bench, scale, mode, lm)
             rows.append(
                 {
@@ -673,14 +705,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row")
     parser.add_argument(
-        "--budget_s", type=float, default=None, help="rows are not started past it (GPU: 270)"
+        "--budget_s", type=float, default=None, help="rows are not started past it (GPU: 300)"
     )
     parser.add_argument("--profile", type=Path, default=None, help="folder: a torch.profiler table per row")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", type=int, default=None, dest="parent", help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, default=math.inf, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.budget_s is None:
-        args.budget_s = 270.0 if args.device.type == "cuda" else math.inf
+        args.budget_s = 300.0 if args.device.type == "cuda" else math.inf
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     known = {job.id for job in plan(list(BENCHES), list(MODES), list(VARIANTS), args.tiny)}
@@ -698,7 +730,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry:
         print_dry(args.tiny)
         return
-    if args.worker:
+    if args.parent is not None:  # a worker
         worker(args)
         return
     jobs = plan(args.methods, args.modes, args.variants, args.tiny)
@@ -708,17 +740,18 @@ def main(argv: list[str] | None = None) -> None:
         ]
     peak = bf16_peak(torch.cuda.get_device_name(args.device)) if args.device.type == "cuda" else None
     lines = header(args, peak)  # before the workers: the matmul is measured on an idle device
+    signal.signal(signal.SIGTERM, stop)
     results = run_workers(jobs, args, progress)
     peak_tflops = None if peak is None else peak[0]
     print("\n".join(lines + table(jobs, results, peak_tflops)))
     print("\n".join(goals(results, peak_tflops)))
+    if args.profile:
+        print(f"profiles (a table per row, by self device time): {args.profile}")
     for job in jobs:
         for line in results.get(job.id, {}).get("profile", []):
             print(f"profile {job.id}: {line}")
-    if left := [job.id for job in jobs if "skipped" in results.get(job.id, {"skipped": 1})]:
-        print(
-            f"not run (time budget): python benchmarks/mfu.py --device {args.device} --only {' '.join(left)}"
-        )
+    if left := [job.id for job in jobs if "skipped" in results[job.id]]:
+        print(f"not run: python benchmarks/mfu.py --device {args.device} --only {' '.join(left)}")
 
 
 if __name__ == "__main__":

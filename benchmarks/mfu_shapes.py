@@ -16,8 +16,8 @@ memory again every segment). Two corrections, both from the methods' own `flops.
   cluster only for the targets in it, so the output layer is counted for the step's own targets
   (`adaptive_softmax_macs`);
 - the Compressive Transformer at evaluation: its `flops.py` counts the memories' keys and values
-  projected again every segment, which its key/value cache (on by default) does not do; the
-  difference is Transformer-XL's count without and with the cache over the same n_m + n_cm slots.
+  projected again every segment, which its key/value cache (on by default) does not do
+  (`compressive_cache_correction`).
 
 FLOPs = 2 × multiply-accumulates (`longctx.flops`).
 """
@@ -140,19 +140,25 @@ def output_layer_correction(lm: LMBase, targets: Tensor) -> float:
 
 
 def compressive_cache_correction(lm: LMBase, mode: Mode, step: Step) -> float:
-    """At evaluation with the key/value cache, minus the memories' key and value projections that the
-    Compressive Transformer's `flops.py` counts (Transformer-XL's count without − with the cache)."""
+    """At evaluation with the key/value cache: the Compressive Transformer's `flops.py` counts the keys
+    and values of all n_m + n_cm memory slots projected again every segment; with the cache only the
+    n/c slots compressed in that segment are projected (the memory's new slots are the previous
+    segment's states, projected then). Each term is Transformer-XL's count without − with the cache
+    over that many slots."""
     if mode != "eval" or not lm.eval_cache_kv:
         return 0.0
     c, lengths = lm.net.config, lm.eval_lengths
-    sizes = dict(
-        n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.head_dim, d_inner=c.d_inner,
-        vocab_size=lm.vocab_size, segment_length=step.length,
-        memory_length=lengths.mem_len + lengths.cmem_len,
-    )  # fmt: skip
-    return xl_flops.flops_per_token(**sizes, cache_kv=True) - xl_flops.flops_per_token(
-        **sizes, cache_kv=False
-    )
+
+    def reprojected(slots: float) -> float:
+        sizes = dict(
+            n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.head_dim, d_inner=c.d_inner,
+            vocab_size=lm.vocab_size, segment_length=step.length, memory_length=slots,
+        )  # fmt: skip
+        return xl_flops.flops_per_token(**sizes, cache_kv=False) - xl_flops.flops_per_token(
+            **sizes, cache_kv=True
+        )
+
+    return reprojected(step.length / c.compression_rate) - reprojected(lengths.mem_len + lengths.cmem_len)
 
 
 def counting_module(bench: Bench, scale: Scale, mode: Mode, lm: LMBase) -> LMBase:
