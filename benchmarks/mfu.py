@@ -22,8 +22,8 @@ evaluation) and `compiled` (`torch.compile` of the network, as `CompileNetwork`,
 
 Timing: `fill` + 2 untimed steps (every memory full; compiled: 3 more, compilation), then `--steps`
 steps between two `torch.cuda.synchronize`; tokens/s = tokens of those steps ÷ their time. Peak
-memory: `torch.cuda.max_memory_allocated` over the warm-up and the timed steps (weights, gradients,
-optimizer state, activations, memories). A batch that runs out of memory is halved (said in the row).
+memory: `torch.cuda.max_memory_allocated` over the timed steps (weights, gradients, optimizer state,
+activations, memories). A batch that runs out of memory is halved (said in the row).
 
 MFU is PaLM's (Chowdhery et al. 2022, Appendix B): model FLOPs per token × tokens/s ÷ the device's
 dense bf16 peak from its datasheet (`PEAK_BF16_TFLOPS`). Model FLOPs per token are the method's own
@@ -177,6 +177,8 @@ def measured_matmul_tflops(device: torch.device, n: int = 8192, repeats: int = 1
         synchronize(device)
         if i >= 3:
             best = min(best, time.perf_counter() - start)
+    del a, b
+    torch.cuda.empty_cache()  # the workers measure; this process keeps no memory on the device
     return 2 * n**3 / best / 1e12
 
 
@@ -300,11 +302,11 @@ def run_row(job: Job, step: Step, args: argparse.Namespace) -> dict:
     batches = token_batches(step, scale.vocab, warmup + args.steps + profiled, device)
     flops = forward_flops(bench, scale, job.mode, lm, torch.stack([b["target"] for b in batches]))
     run_step = training_step(lm, step.batch) if job.mode == "train" else evaluation_step(lm, step.batch)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     for batch in batches[:warmup]:
         run_step(batch)
     synchronize(device)
+    if device.type == "cuda":  # the steady state's peak: not compilation's or a filling memory's
+        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for batch in batches[warmup : warmup + args.steps]:
         run_step(batch)
@@ -751,7 +753,8 @@ def main(argv: list[str] | None = None) -> None:
         for line in results.get(job.id, {}).get("profile", []):
             print(f"profile {job.id}: {line}")
     if left := [job.id for job in jobs if "skipped" in results[job.id]]:
-        print(f"not run: python benchmarks/mfu.py --device {args.device} --only {' '.join(left)}")
+        tiny = " --tiny" if args.tiny else ""
+        print(f"not run: python benchmarks/mfu.py --device {args.device}{tiny} --only {' '.join(left)}")
 
 
 if __name__ == "__main__":
