@@ -98,9 +98,11 @@ class Bench:
         return getattr(importlib.import_module(package), name)
 
     def build(self, scale: Scale, mode: Mode, device: torch.device | str, **knobs) -> LMBase:
-        """The module at `scale` with `mode`'s knobs and `knobs`, its parameters created on `device`."""
+        """The module at `scale` with `mode`'s knobs and `knobs` (each over the one before), its
+        parameters created on `device`."""
+        knobs = {**scale.knobs, **scale.step(mode).knobs, **knobs}
         with torch.device(device):
-            lm = self.module_class()(vocab_size=scale.vocab, **scale.knobs, **scale.step(mode).knobs, **knobs)
+            lm = self.module_class()(vocab_size=scale.vocab, **knobs)
         return lm.to(device)
 
 
