@@ -203,6 +203,7 @@ class Recorded:
 
 
 def recorded_run(run_dir: Path, subcommand: str) -> Recorded:
+    """What `run_dir`'s summary.json records of the last `subcommand` run there."""
     summary = read_summary(run_dir)
     latest = {summary.get("subcommand"): summary.get("status")}
     return Recorded(
