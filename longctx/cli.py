@@ -66,6 +66,7 @@ from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoints.fit_check import check_checkpoint_fits
 from longctx.checkpoints.saving import DiskFullError, use_atomic_checkpoints
 from longctx.commands import TRAINER_COMMANDS, load
+from longctx.config_digest import config_digest
 from longctx.core.base import LMBase
 from longctx.core.data_facts import DataMismatch
 from longctx.core.knob_groups import group_types
@@ -307,10 +308,16 @@ class LongCtxCLI(LightningCLI):
         # One live command per run directory; summary.json in it, whatever happens; Ctrl-C exits 130.
         with (
             lock_if_launching(self.trainer.default_root_dir),
-            recorded(self.trainer, subcommand, command=self.command),
+            recorded(self.trainer, subcommand, command=self.command, config_digest=self.config_digest),
             ctrl_c_exit_code(),
         ):
             super()._run_subcommand(subcommand)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # What the command resolves to, before the CLI fills in the run directory, the precision that
+        # ran or a drawn seed: recorded in summary.json for the sweep runner (longctx.config_digest).
+        self.config_digest = config_digest(parser, self.config)
 
     def _add_token_nll_writer(self, subcommand: str) -> None:
         """`--write_token_nll true`: the evaluation writes `token_nll.npz` in the run directory."""

@@ -19,8 +19,10 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
   does not recompute and the training figures when it did not train; `status` and `subcommand` are
   always the latest's, and `statuses` holds the last status of each subcommand run there
   (`{"fit": "finished", "test": "failed"}`) and `commands` the command line (`python -m longctx`
-  arguments) of each (`{"fit": ["fit", "--config", ...]}`): the sweep runner skips a line only when
-  the command recorded for its subcommand is the line.
+  arguments) of each (`{"fit": ["fit", "--config", ...]}`), and `config_digests` what each command
+  resolved to (sha256 of its parsed settings, config files' contents included: see
+  `longctx.config_digest`): the sweep runner skips a line only when the command recorded for its
+  subcommand is the line and the digest recorded is what the line resolves to now.
 
 Training tokens are the scored targets of this rank's batches times the world size (every rank
 reads batches of one shape); they are kept in checkpoints, so a resumed run keeps counting.
@@ -147,9 +149,11 @@ class RunRecord(pl.Callback):
         error: BaseException | None,
         wall_time_s: float,
         command: list[str] | None = None,
+        config_digest: str | None = None,
     ) -> None:
         """Write `summary.json` for a subcommand that ended (with `error` None when it finished);
-        `command` is its command line (`python -m longctx` arguments)."""
+        `command` is its command line (`python -m longctx` arguments), `config_digest` what that
+        resolved to (`longctx.config_digest`)."""
         tokens = self.tokens_seen()  # every rank: no collective inside, but keep ranks alike
         if not trainer.is_global_zero:
             return
@@ -188,6 +192,7 @@ class RunRecord(pl.Callback):
             **current,
             "statuses": {**previous.get("statuses", {}), subcommand: status},
             "commands": {**previous.get("commands", {}), subcommand: command},
+            "config_digests": {**previous.get("config_digests", {}), subcommand: config_digest},
             # evaluate_overlaps keeps each overlap's figures under `overlaps`, not as the run's metrics
             "metrics": {
                 **previous.get("metrics", {}),
@@ -198,9 +203,11 @@ class RunRecord(pl.Callback):
 
 
 @contextmanager
-def recorded(trainer: pl.Trainer, subcommand: str, command: list[str] | None = None) -> Iterator[None]:
+def recorded(
+    trainer: pl.Trainer, subcommand: str, command: list[str] | None = None, config_digest: str | None = None
+) -> Iterator[None]:
     """Run a subcommand and write its `summary.json` whatever happens (the trainer's `RunRecord`);
-    `command`: its command line, recorded."""
+    `command`: its command line, and `config_digest` what it resolved to, recorded."""
     record = next((cb for cb in trainer.callbacks if isinstance(cb, RunRecord)), None)
     start = time.perf_counter()
     try:
@@ -208,9 +215,9 @@ def recorded(trainer: pl.Trainer, subcommand: str, command: list[str] | None = N
     except BaseException as error:
         if record is not None:
             try:
-                record.finish(trainer, subcommand, error, time.perf_counter() - start, command)
+                record.finish(trainer, subcommand, error, time.perf_counter() - start, command, config_digest)
             except Exception as write_error:  # never hide the run's own error behind this one
                 print(f"longctx: could not write {SUMMARY}: {write_error}", file=sys.stderr)
         raise
     if record is not None:
-        record.finish(trainer, subcommand, None, time.perf_counter() - start, command)
+        record.finish(trainer, subcommand, None, time.perf_counter() - start, command, config_digest)
