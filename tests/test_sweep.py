@@ -181,6 +181,29 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
     assert calls_of(tmp_path) == [["test", "--config", "a.yaml", "--run_name=broken", "--fail"]]
 
 
+def test_a_retried_fit_line_continues_its_unfinished_run(tmp_path, launcher, capsys):
+    """A fit line that failed, was interrupted or killed before it wrote a record runs again with
+    `--ckpt_path last` (a second fit in its folder would be refused); once it finishes, the line is
+    found finished (its recorded command is the line plus that flag)."""
+    sweep = tmp_path / "retry.txt"
+    sweep.write_text("fit --config a.yaml --run_name failed\nfit --config a.yaml --run_name killed\n")
+    record(tmp_path / "runs/failed", "interrupted", "fit --config a.yaml --run_name failed")
+    (tmp_path / "runs/killed/checkpoints").mkdir(parents=True)  # `kill -9`: a checkpoint, no record
+    (tmp_path / "runs/killed/checkpoints/last.ckpt").write_bytes(b"weights")
+    assert run_sweep(sweep, launcher) == 0
+    assert calls_of(tmp_path) == [
+        ["fit", "--config", "a.yaml", "--run_name", "failed", "--ckpt_path", "last"],
+        ["fit", "--config", "a.yaml", "--run_name", "killed", "--ckpt_path", "last"],
+    ]
+    out = capsys.readouterr().out
+    assert (
+        f"[1/2] {Path('runs/failed')}: python -m longctx fit --config a.yaml --run_name failed --ckpt_path"
+        in out
+    )
+    assert run_sweep(sweep, launcher) == 0 and calls_of(tmp_path) == []
+    assert capsys.readouterr().out.count("finished earlier, skipped") == 2
+
+
 def test_runner_finds_lines_by_content_not_position(tmp_path, launcher, capsys):
     """Inserting, moving or editing lines never makes a line skip with another command's results."""
     sweep = tmp_path / "lr.txt"
