@@ -108,7 +108,7 @@ def read_runs(paths: Sequence[Path]) -> tuple[list[Run], list[str]]:
             run = read_run(path)
             if set(run.summary.get("statuses", {})) == {"context"}:
                 skipped.append(
-                    f"{path}: skipped, the folder of a `context` command, not a run (its recl.csv gives the "
+                    f"{path}: skipped, a context diagnostics folder, not a run (its recl.csv gives the "
                     "RECL columns of the runs beside it)"
                 )
                 continue

@@ -351,7 +351,8 @@ def test_a_context_folder_is_not_a_run(tmp_path, capsys):
                                      "statuses": {"context": "finished"}})  # fmt: skip
     report_main([str(tmp_path / "a"), str(tmp_path / "context"), "--out", str(tmp_path / "out")])
     assert [r["run"] for r in csv.DictReader((tmp_path / "out" / "report.csv").open())] == ["a"]
-    assert f"{tmp_path / 'context'}: skipped, the folder of a `context` command" in capsys.readouterr().err
+    note = f"{tmp_path / 'context'}: skipped, a context diagnostics folder, not a run"
+    assert note in capsys.readouterr().err
 
 
 def test_the_numbers_of_nearby_points_never_overlap_and_name_their_runs(tmp_path):
