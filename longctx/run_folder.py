@@ -56,14 +56,21 @@ def read_summary(run_dir: Path | str) -> dict[str, Any]:
         return {}
 
 
-def _newest(path: Path) -> int:
+def _mtime(path: Path) -> int | None:
+    """`path`'s modification time (ns; a link's own), or None when it is gone (W&B's files come and
+    go while W&B runs)."""
+    try:
+        return path.lstat().st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+def _newest(path: Path) -> int | None:
     """The newest modification time (ns) of `path` and, for a folder, of everything under it."""
-    newest = path.lstat().st_mtime_ns
+    times = [_mtime(path)]
     if path.is_dir() and not path.is_symlink():
-        for folder, _, files in os.walk(path):
-            for name in files:
-                newest = max(newest, (Path(folder) / name).lstat().st_mtime_ns)
-    return newest
+        times += [_mtime(Path(folder) / name) for folder, _, files in os.walk(path) for name in files]
+    return max((mtime for mtime in times if mtime is not None), default=None)
 
 
 def _is_temporary(name: str) -> bool:
@@ -83,14 +90,15 @@ def artifact_files(run_dir: Path | str) -> dict[str, int]:
         here = Path(folder)
         relative = here.relative_to(run_dir)
         if relative == Path(WANDB):
-            for name in [*dirs, *files]:
-                found[f"{WANDB}/{name}"] = _newest(here / name)
+            entries = {f"{WANDB}/{name}": _newest(here / name) for name in [*dirs, *files]}
             dirs.clear()
-            continue
-        for name in files:
-            if (relative == Path() and name in (LOCK, SUMMARY)) or _is_temporary(name):
-                continue
-            found[(relative / name).as_posix()] = (here / name).lstat().st_mtime_ns
+        else:
+            entries = {
+                (relative / name).as_posix(): _mtime(here / name)
+                for name in files
+                if not ((relative == Path() and name in (LOCK, SUMMARY)) or _is_temporary(name))
+            }
+        found.update((name, mtime) for name, mtime in entries.items() if mtime is not None)
     return found
 
 

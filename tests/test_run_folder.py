@@ -204,7 +204,13 @@ def test_a_command_refused_before_its_first_step_leaves_no_folder(in_tmp):
     """16 timestamped `failed` folders piled up in runs/ from commands refused before any step."""
     Path("noise.ckpt").write_bytes(os.urandom(2000))
     with pytest.raises(SystemExit, match=r"noise\.ckpt is not a readable PyTorch checkpoint"):
-        main(_args("test", "refused", "--ckpt_path", "noise.ckpt"))
+        main(_args("test", "refused", "--ckpt_path", "noise.ckpt"))  # refused before `test` runs
+    assert not Path("runs").exists()
+    Path("latin1.txt").write_bytes("café au lait\n".encode("latin-1") * 400)
+    files = "{train: latin1.txt, valid: latin1.txt, test: latin1.txt}"
+    text = ("--data.corpus", "text_files", "--data.files", files, "--data.tokenizer", "bytes")
+    with pytest.raises(SystemExit, match=r"latin1\.txt is not UTF-8 text"):  # refused inside `fit`'s setup
+        main(_args("fit", "refused", *text))
     assert not Path("runs").exists()
 
 
