@@ -19,8 +19,13 @@ lists). Writes, in `<root>/<run_name>/`:
 - `context_positions.csv`/`.png`: loss by position within the segment/window, per model and point;
 - `context_document_distance.csv`/`.png`: loss by distance to the document start (bins that double);
 - `<name>/token_nll_<axis><length>[_reset].npz`: each point's per-token NLL (`TokenNLLWriter`), and
-  `<name>/config.yaml`, the model's resolved config.
-Logged to W&B (tables and figures) unless `WANDB_MODE=disabled`. Bad input is one line.
+  `<name>/config.yaml`, the model's resolved config;
+- `summary.json`: the command (`commands.context`), how it ended, and every file of the folder with
+  the command that wrote it (`artifacts`): the run directory may be a fit's, and a second `context`
+  there replaces the first one's files (`longctx.run_folder`).
+Logged to W&B (tables and figures) unless `WANDB_MODE=disabled`. Bad input is one line; bad input
+found before the first evaluation leaves no folder and no file behind. The run directory's lock
+keeps a second command out while it runs (`longctx.run_lock`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ from longctx.cli import PARSER_KWARGS, ConfigError, LongCtxCLI, ensure_wandb_mod
 from longctx.diagnostics import positions, recl
 from longctx.diagnostics.axes import Axis, AxisError, Variant, axis_named, default_axis, variants
 from longctx.diagnostics.figures import by_key_figure, context_figure
+from longctx.run_folder import command_in
 from longctx.run_layout import DEFAULT_ROOT, run_directory
+from longctx.run_lock import RunDirectoryBusy
 
 CONTEXT_COLUMNS = [
     "model", "method", "axis", "context_length", "loss", "ppl", "bpc", "bpb", "tokens", "flags",
@@ -308,7 +315,16 @@ def run(argv: list[str]) -> Path:
         raise ContextError(f"--recl_r {args.recl_r}: r is a fraction of positions, in (0, 1]")
     run_name = args.run_name or run_name_from_env()
     run_dir = run_directory(args.root, run_name)
-    runs = build(args, extra, run_dir)
+    with command_in(run_dir, ["context", *argv]) as command:
+        runs = build(args, extra, run_dir)
+        command.start()  # bad input found from here on is recorded as a failed command
+        evaluate(runs, args, run_dir, run_name)
+    say(f"context diagnostics in {run_dir}")
+    return run_dir
+
+
+def evaluate(runs: list[ModelRun], args: argparse.Namespace, run_dir: Path, run_name: str) -> None:
+    """Every model at every point; the tables, figures and W&B log of them all."""
     rows, files, by_position, by_distance = [], {}, [], []
     for model_run in runs:
         model_rows, model_files = sweep(model_run, args.split)
@@ -337,8 +353,6 @@ def run(argv: list[str]) -> Path:
     tables = {"losses": rows, "recl": recls, "positions": by_position, "document_distance": by_distance}
     log_to_wandb(run_dir, run_name, args.wandb_project, tables, list(figures))
     print_summary(rows, recls)
-    say(f"context diagnostics in {run_dir}")
-    return run_dir
 
 
 def print_summary(rows: list[dict], recls: list[dict]) -> None:
@@ -355,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m longctx context`; bad input exits with one line."""
     try:
         run(sys.argv[1:] if argv is None else argv)
-    except (ContextError, AxisError, ConfigError) as err:
+    except (ContextError, AxisError, ConfigError, RunDirectoryBusy) as err:
         sys.exit(f"error: {err}")
 
 

@@ -15,7 +15,9 @@ writes into `--out` (default `report/`):
   the run (`longctx.diagnostics.long_range`);
 - `bpb_vs_flops.png`, `bpb_vs_memory.png`: bits per byte against FLOPs per token and against peak
   memory, one point per run: test, or validation (hollow, "(val)") for a run that was not tested
-  (a `fit` or `validate` alone);
+  (a `fit` or `validate` alone); each point carries the number of its row in the table, placed
+  apart from the other numbers and points (with a thin line to its point when moved away), and the
+  legend beside the plot names each number's run, so nearby runs stay readable;
 - `val_curves.png`: validation bits per byte against training tokens, one line per run.
 
 Bits per byte is the one metric comparable across tokenizers (bytes, characters, words, BPE). A value
@@ -23,7 +25,10 @@ a run did not record is a dash, in the table and in the CSV, and a run missing f
 under it in `report.md` with the reason: never a made-up value. A run that diverged or failed shows
 its status in place of every result and, like unfinished runs and NaN results, comes after the
 finished runs (which keep the order given) and is never plotted as a point. A path that is not a run
-directory (e.g. a sweep's folder in `runs/*`) is skipped with a note in `report.md` and on stderr.
+directory (e.g. a sweep's folder in `runs/*`, or a `context` command's folder, whose `recl.csv`
+feeds the RECL columns of the runs beside it) is skipped with a note in `report.md` and on stderr,
+and so is a second path to a run directory already given (`runs/a/`, a symbolic link to `runs/a`):
+each run is one row.
 With `--wandb` (or inside an active W&B run) the table and figures are also logged to W&B
 (`report/table`, a `wandb.Table`; a diverged or failed run's results are empty there).
 """
@@ -42,7 +47,11 @@ from pydoc import locate
 from typing import Any
 
 import yaml
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from longctx.atomic import atomic_path, write_text_atomic
 from longctx.diagnostics.long_range import marked_losses, recl
@@ -87,11 +96,23 @@ def read_run(path: Path) -> Run:
 
 
 def read_runs(paths: Sequence[Path]) -> tuple[list[Run], list[str]]:
-    """The run directories among `paths` (e.g. `runs/*`), and one note per path that is not one."""
+    """The run directories among `paths` (e.g. `runs/*`), each once, and one note per path that is not
+    one or names one already given (the same folder through a trailing slash or a symbolic link)."""
     runs, skipped = [], []
+    given: dict[Path, Path] = {}  # the resolved folder -> the path it was first given as
     for path in map(Path, paths):
+        if (first := given.setdefault(path.resolve(), path)) is not path:
+            skipped.append(f"{path}: skipped, the same run directory as {first} (each run is one row)")
+            continue
         try:
-            runs.append(read_run(path))
+            run = read_run(path)
+            if set(run.summary.get("statuses", {})) == {"context"}:
+                skipped.append(
+                    f"{path}: skipped, a context diagnostics folder, not a run (its recl.csv gives the "
+                    "RECL columns of the runs beside it)"
+                )
+                continue
+            runs.append(run)
         except FileNotFoundError:
             if not path.exists():
                 skipped.append(f"{path}: skipped, no such file or directory")
@@ -330,13 +351,16 @@ NOT_RECORDED = "no value recorded"
 
 
 def scatter(rows: Sequence[dict[str, Any]], x: str, x_label: str) -> tuple[Figure, LeftOut]:
-    """Bits per byte against column `x`, one labelled point per run: the test value (filled), or the
-    validation value (hollow) for a run that was not tested; returns the runs left out."""
-    fig = Figure(figsize=(5.5, 4))
+    """Bits per byte against column `x`, one numbered point per run (the number of its row): the test
+    value (filled), or the validation value (hollow) for a run that was not tested; the legend names
+    each number's run. Returns the runs left out."""
+    fig = Figure(figsize=(7.5, 4))
+    FigureCanvasAgg(fig)  # a renderer, to measure the numbers while placing them
     ax = fig.add_subplot()
     left_out: LeftOut = []
     splits = set()
-    for row in rows:
+    points, entries = [], []  # (number, x, y); legend (handle, label)
+    for number, row in enumerate(rows, start=1):
         split, y = ("test", row["test_bpb"]) if row["test_bpb"] is not None else ("val", row["val_bpb"])
         if row["status"] in UNRANKED_STATUSES:
             left_out.append((row["run"], row["status"]))
@@ -347,12 +371,64 @@ def scatter(rows: Sequence[dict[str, Any]], x: str, x_label: str) -> tuple[Figur
         else:
             splits.add(split)
             ax.scatter(row[x], y, color="C0", facecolors="none" if split == "val" else "C0")
+            points.append((number, row[x], y))
             label = row["run"] if split == "test" else f"{row['run']} (val)"
-            ax.annotate(label, (row[x], y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            entries.append((Line2D([], [], linestyle="none", marker=f"${number}$", color="black"), label))
     ax.set_xlabel(x_label)
     ax.set_ylabel(Y_LABELS.get(frozenset(splits), Y_LABELS[frozenset({"test"})]))
+    if entries:
+        handles, labels = zip(*entries)
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, borderaxespad=0)
     fig.tight_layout()
+    place_numbers(ax, points)
     return fig, left_out
+
+
+# Where a point's number may go, in points from the point: rings of growing radius, 8 directions each
+# (the diagonals first); beyond the first ring a thin line joins the number to its point.
+NUMBER_RINGS = (10, 16, 24, 34, 46, 60, 76)
+NUMBER_OFFSETS = [
+    (radius, radius * math.cos(angle * math.pi / 4), radius * math.sin(angle * math.pi / 4))
+    for radius in NUMBER_RINGS
+    for angle in (1, 3, 5, 7, 0, 2, 4, 6)
+]
+LEADER_LINE = {"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 1, "shrinkB": 3}
+MARKER_HALF_WIDTH = 4.0  # points: a scatter marker's half width, kept clear of numbers
+
+
+def place_numbers(ax: Any, points: Sequence[tuple[int, float, float]]) -> None:
+    """Write each point's number at the first offset (`NUMBER_OFFSETS`) where it overlaps no other
+    number and no point and stays inside the axes, with a thin line to its point when it is not
+    next to it."""
+    renderer = ax.figure.canvas.get_renderer()
+    half = MARKER_HALF_WIDTH * ax.figure.dpi / 72
+    taken = [
+        Bbox.from_extents(px - half, py - half, px + half, py + half)
+        for px, py in (ax.transData.transform((x, y)) for _, x, y in points)
+    ]
+    inside = ax.get_window_extent(renderer)
+    for number, x, y in points:
+        for radius, dx, dy in NUMBER_OFFSETS:
+            text = ax.annotate(
+                str(number), (x, y), xytext=(dx, dy), textcoords="offset points", ha="center",
+                va="center", fontsize=8, arrowprops=LEADER_LINE if radius > NUMBER_RINGS[0] else None,
+            )  # fmt: skip
+            box = number_box(text, renderer)
+            fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            if fits and not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                break
+            text.remove()
+        else:  # no free place within reach: next to the point, as a plain label would be
+            ax.annotate(str(number), (x, y), xytext=(4, 4), textcoords="offset points", fontsize=8)
+
+
+def number_box(text: Any, renderer: Any, pad: float = 1.0) -> Bbox:
+    """The drawn extent of a point's number (an annotation: its text only, not its line), `pad`
+    pixels wider."""
+    text.update_positions(renderer)  # where the annotation puts its text
+    box = Text.get_window_extent(text, renderer)
+    return Bbox.from_extents(box.x0 - pad, box.y0 - pad, box.x1 + pad, box.y1 + pad)
 
 
 Y_LABELS = {
@@ -440,7 +516,7 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
         "`metric`; `*_bpb`: bits per UTF-8 byte, comparable across tokenizers. Runs that diverged or "
         "failed show their status instead of results and come last, with unfinished runs and "
         "non-finite results. Figures: test bits per byte, or validation (hollow, `(val)`) for a run "
-        "that was not tested.\n",
+        "that was not tested; each point is numbered by its row in this table.\n",
         *[f"![{title}]({name})\n" for name, title in FIGURES.items()],
         *(["\n".join(notes) + "\n"] if notes else []),
     ]

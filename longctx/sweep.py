@@ -28,6 +28,10 @@ since (or recorded before digests were kept), is refused, not reused, as is a SL
 config files changed since the task first ran (a requeue re-reads them): results of two
 configurations never share a folder. The line is parsed with the CLI's own parser (one per sweep,
 built at the first line that needs it) from the current directory, as when it runs.
+A `fit` line whose folder holds its unfinished fit (failed, interrupted, diverged, or killed before
+it wrote a record) is run again with `--ckpt_path last` appended: it continues that run from its last
+checkpoint (or starts it afresh when there is none) instead of being refused as a second run in the
+folder (`longctx.run_folder`); the recorded command is the line plus that flag.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ import contextlib
 import functools
 import hashlib
 import io
-import json
 import shlex
 import subprocess
 import sys
@@ -50,12 +53,14 @@ from typing import Any
 from longctx import run_layout
 from longctx.config_digest import config_digest
 from longctx.errors import OneLineArgumentParser, one_line, reported_as_one_line
-from longctx.run_layout import SUMMARY
+from longctx.run_folder import held_run, read_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
 LONGCTX = (sys.executable, "-m", "longctx")
 # Flags that slurm/sweep.sbatch appends to a line (the job's resources): the same line on any cluster.
 LAUNCH_FLAGS = ("--trainer.devices", "--trainer.num_nodes")
+# What `run` appends to a fit line that continues its unfinished run: still the same line.
+CONTINUE = ("--ckpt_path", "last")
 
 
 def run_lines(path: Path) -> list[list[str]]:
@@ -176,19 +181,21 @@ def run_directory(args: list[str], run_name: str | None = None) -> Path:
     return run_layout.run_directory(root, option(args, "--run_name") or run_name or "")
 
 
-def read_summary(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / SUMMARY).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def same_command(recorded: list[str] | None, args: list[str]) -> bool:
-    """Whether a recorded command line is `args`, up to the resource flags sweep.sbatch appends."""
+    """Whether a recorded command line is `args`, up to the resource flags sweep.sbatch appends and
+    the `--ckpt_path last` that `run` appends to continue an unfinished fit."""
     if recorded is None or recorded[: len(args)] != args:
         return False
     extra = recorded[len(args) :]
-    return len(extra) % 2 == 0 and all(flag in LAUNCH_FLAGS for flag in extra[::2])
+    pairs = list(zip(extra[::2], extra[1::2]))
+    return len(extra) % 2 == 0 and all(pair[0] in LAUNCH_FLAGS or pair == CONTINUE for pair in pairs)
+
+
+def continued(run_dir: Path, args: list[str]) -> list[str]:
+    """A `fit` line as `run` runs it: with `--ckpt_path last` when its folder holds its unfinished
+    fit (the line's own: `conflict` found no other), so a retry continues that run."""
+    held = held_run(run_dir)
+    return [*args, *CONTINUE] if args[0] == "fit" and held is not None and held.has_fit else args
 
 
 @dataclass(frozen=True)
@@ -282,6 +289,7 @@ def run_sweep(
         if record.status == "finished":
             print(f"{head}: finished earlier, skipped", flush=True)
             continue
+        args = continued(run_dir, args)
         print(f"{head}: python -m longctx {shlex.join(args)}", flush=True)
         start = time.perf_counter()
         code = launch(args)

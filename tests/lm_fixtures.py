@@ -131,6 +131,25 @@ def reference_eval_loss(model: CarryLM, data: SyntheticData) -> float:
     return total / count
 
 
+def carry_lm_cli(subcommand: str, run_name: str, *extra: str) -> list[str]:
+    """The command line (`python -m longctx` arguments) of a tiny `CarryLM` run on the `sample` corpus:
+    4 steps of 4 rows × 32 tokens, validated every 2 steps on 2 batches, tested on 2, run from a
+    folder that keeps its token `cache`; `extra` flags last."""
+    return [
+        subcommand,
+        "--model", "tests.lm_fixtures.CarryLM",
+        "--data.corpus", "sample", "--data.batch_size", "4", "--data.tgt_len", "32",
+        "--data.cache_dir", "cache",
+        "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+        "--trainer.check_val_every_n_epoch", "null",
+        "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
+        "--run_name", run_name,
+        *extra,
+    ]  # fmt: skip
+
+
 def cpu_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
     """A quiet single-process CPU trainer (no logger, checkpoints, progress bar or summary); kwargs
     override any default."""

@@ -238,6 +238,12 @@ def test_a_context_point_equals_the_validate_run_with_its_flags(tmp_path, xl_che
         assert arrays["nll"].astype(np.float64).sum() == pytest.approx(
             float(metrics["val/loss"]) * float(metrics["val/tokens"]), rel=1e-6
         )
+    summary = json.loads((run_dir / "summary.json").read_text())  # the command and every file it wrote
+    assert (summary["status"], summary["commands"]["context"][:2]) == ("finished", ["context", "--config"])
+    files = {str(path.relative_to(run_dir)) for path in run_dir.rglob("*") if path.is_file()}
+    assert set(summary["artifacts"]) == files - {".lock", "summary.json"}
+    assert {"context.csv", "xl/config.yaml", "xl/token_nll_memory16.npz"} <= set(summary["artifacts"])
+    assert {entry["subcommand"] for entry in summary["artifacts"].values()} == {"context"}
 
 
 def test_bad_input_is_one_line(tmp_path, monkeypatch):
@@ -248,6 +254,7 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch):
         context_main(["--config", "c.yaml", "--ckpt_path", "missing.ckpt", "--axis", "depth"])
     with pytest.raises(SystemExit, match=r"^error: 2 --config but 1 --ckpt_path: give one checkpoint per"):
         context_main(["--config", "a.yaml", "--config", "b.yaml", "--ckpt_path", "a.ckpt"])
+    assert not (tmp_path / "runs").exists()  # refused before any evaluation: no folder left behind
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ import yaml
 
 from longctx.cli import main
 from longctx.report import main as report_main
-from tests.lm_fixtures import CarryLM
+from tests.lm_fixtures import CarryLM, carry_lm_cli
 from tests.methods import config_init_args
 
 STEPS, BATCH, TGT_LEN = 4, 4, 32
@@ -33,20 +33,7 @@ class FailAtStep(pl.Callback):
             raise RuntimeError("boom at step 3")
 
 
-def _args(subcommand: str, run_name: str, *extra: str) -> list[str]:
-    return [
-        subcommand,
-        "--model", "tests.lm_fixtures.CarryLM",
-        "--data.corpus", "sample", "--data.batch_size", str(BATCH), "--data.tgt_len", str(TGT_LEN),
-        "--data.cache_dir", "cache",
-        "--trainer.accelerator", "cpu", "--trainer.logger", "false",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "2",
-        "--trainer.check_val_every_n_epoch", "null",
-        "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
-        "--run_name", run_name,
-        *extra,
-    ]  # fmt: skip
+_args = carry_lm_cli  # STEPS steps of BATCH rows × TGT_LEN tokens
 
 
 @pytest.fixture(scope="module")
@@ -331,8 +318,77 @@ def test_figures_plot_validation_bpb_of_runs_that_were_not_tested(tmp_path):
     (ax,) = figure.axes
     points = [tuple(c.get_offsets()[0]) for c in ax.collections]
     assert points == [(1e6, 2.0), (2e6, 2.5)]
-    assert [t.get_text() for t in ax.texts] == ["tested", "fit_only (val)"]
+    assert [t.get_text() for t in ax.texts] == ["1", "2"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["tested", "fit_only (val)"]
     assert ax.get_ylabel() == "bits per byte (filled: test, hollow: validation)"
+
+
+def test_each_run_directory_is_one_row_however_it_is_named(tmp_path, capsys):
+    """`report runs/a runs/a runs/a/` wrote three identical rows "for 3 runs"; a symbolic link to a
+    run is that run too."""
+    _write_run(tmp_path / "runs", "a", _finished(2.0))
+    _write_run(tmp_path / "runs", "b", _finished(2.5))
+    (tmp_path / "link").symlink_to(tmp_path / "runs" / "a")
+    a = str(tmp_path / "runs" / "a")
+    report_main(
+        [a, a, a + "/", str(tmp_path / "link"), str(tmp_path / "runs" / "b"), "--out", str(tmp_path / "out")]
+    )
+    assert [r["run"] for r in csv.DictReader((tmp_path / "out" / "report.csv").open())] == ["a", "b"]
+    out = capsys.readouterr()
+    assert "for 2 runs" in out.out
+    repeated = [
+        f"{path}: skipped, the same run directory as {a} (each run is one row)"
+        for path in (a, a, tmp_path / "link")
+    ]  # fmt: skip (`a/` is given to Python as `a`)
+    assert [line.removeprefix("longctx report: ") for line in out.err.splitlines()] == repeated
+
+
+def test_a_context_folder_is_not_a_run(tmp_path, capsys):
+    """`context` records its command and files in its folder's summary.json; `report runs/*` does not
+    take that folder for a run (its recl.csv feeds the RECL columns of the runs beside it)."""
+    _write_run(tmp_path, "a", _finished(2.0))
+    _write_run(tmp_path, "context", {"status": "finished", "subcommand": "context",
+                                     "statuses": {"context": "finished"}})  # fmt: skip
+    report_main([str(tmp_path / "a"), str(tmp_path / "context"), "--out", str(tmp_path / "out")])
+    assert [r["run"] for r in csv.DictReader((tmp_path / "out" / "report.csv").open())] == ["a"]
+    note = f"{tmp_path / 'context'}: skipped, a context diagnostics folder, not a run"
+    assert note in capsys.readouterr().err
+
+
+def test_the_numbers_of_nearby_points_never_overlap_and_name_their_runs(tmp_path):
+    """Four XL-family runs at one spot printed their names over one another: each point now carries
+    its row's number, placed apart from every other number and point inside the axes, and the legend
+    names the run of each number."""
+    from longctx.report import number_box, scatter
+
+    rows = []
+    for i, name in enumerate(["xl", "rpe", "trams", "xl_no_memory", "compressive", "span", "window"]):
+        crowd = i < 5  # five at (almost) one spot, the others apart
+        rows.append({"run": name, "status": "finished", "val_bpb": None,
+                     "test_bpb": 2.0 + (0.0001 * i if crowd else 0.4 * i),
+                     "flops_per_token": 1e6 * (1 + (0.0001 * i if crowd else 0.5 * i))})  # fmt: skip
+    figure, left_out = scatter(rows, "flops_per_token", "FLOPs per token")
+    assert left_out == []
+    (ax,) = figure.axes
+    renderer = figure.canvas.get_renderer()
+    numbers = ax.texts
+    assert [t.get_text() for t in numbers] == [str(i) for i in range(1, len(rows) + 1)]
+    for number, row in zip(numbers, rows):  # each number points at its run's point
+        assert number.xy == (row["flops_per_token"], row["test_bpb"])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [row["run"] for row in rows]
+    boxes = [number_box(t, renderer, pad=0) for t in numbers]
+    inside = ax.get_window_extent(renderer)
+    assert all(
+        inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1 for b in boxes
+    )
+    overlapping = [
+        (i + 1, j + 1) for i, a in enumerate(boxes) for j, b in enumerate(boxes) if i < j and a.overlaps(b)
+    ]
+    assert overlapping == []
+    markers = [ax.transData.transform((row["flops_per_token"], row["test_bpb"])) for row in rows]
+    on_a_point = [(i + 1, j + 1) for i, b in enumerate(boxes) for j, (x, y) in enumerate(markers)
+                  if b.contains(x, y)]  # fmt: skip
+    assert on_a_point == []
 
 
 def test_long_range_columns_read_the_marked_positions_and_the_context_runs_recl(tmp_path):

@@ -208,6 +208,30 @@ def test_runner_skips_finished_runs_names_unnamed_ones_and_retries_failures(tmp_
     assert fake.take_calls() == [["test", "--config", "a.yaml", "--run_name=broken"]]
 
 
+def test_a_retried_fit_line_continues_its_unfinished_run(tmp_path, fake, capsys):
+    """A fit line that failed, was interrupted or killed before it wrote a record runs again with
+    `--ckpt_path last` (a second fit in its folder would be refused); once it finishes, the line is
+    found finished (its recorded command is the line plus that flag)."""
+    sweep = tmp_path / "retry.txt"
+    sweep.write_text("fit --config a.yaml --run_name failed\nfit --config a.yaml --run_name killed\n")
+    failed = shlex.split("fit --config a.yaml --run_name failed")
+    record(tmp_path / "runs/failed", "interrupted", failed, digest=text_digest(failed))
+    (tmp_path / "runs/killed/checkpoints").mkdir(parents=True)  # `kill -9`: a checkpoint, no record
+    (tmp_path / "runs/killed/checkpoints/last.ckpt").write_bytes(b"weights")
+    assert fake.sweep(sweep) == 0
+    assert fake.take_calls() == [
+        ["fit", "--config", "a.yaml", "--run_name", "failed", "--ckpt_path", "last"],
+        ["fit", "--config", "a.yaml", "--run_name", "killed", "--ckpt_path", "last"],
+    ]
+    out = capsys.readouterr().out
+    assert (
+        f"[1/2] {Path('runs/failed')}: python -m longctx fit --config a.yaml --run_name failed --ckpt_path"
+        in out
+    )
+    assert fake.sweep(sweep) == 0 and fake.take_calls() == []
+    assert capsys.readouterr().out.count("finished earlier, skipped") == 2
+
+
 def test_runner_finds_lines_by_content_not_position(tmp_path, fake, capsys):
     """Inserting, moving or editing lines never makes a line skip with another command's results."""
     sweep = tmp_path / "lr.txt"

@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import WandbLogger
 from matplotlib.figure import Figure
 
+from longctx.callbacks.run_record import keep_artifact
 from longctx.callbacks.token_nll import set_token_nll_name
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.recurrence.overlap_record import evaluated, finished_overlaps, save_overlaps
@@ -51,10 +52,11 @@ def evaluate_overlaps(
         start = time.perf_counter()
         if overlap in done:
             rows.append(done[overlap])
+            keep_artifact(trainer, token_nll_name(overlap))  # its per-token file, if one was written
             say_overlap(trainer, i, len(overlaps), done[overlap], stage, "finished earlier, kept")
             continue
         datamodule.set_eval_overlap(overlap)
-        set_token_nll_name(trainer, f"token_nll_overlap{overlap}.npz")  # with --write_token_nll true
+        set_token_nll_name(trainer, token_nll_name(overlap))  # with --write_token_nll true
         metrics = evaluate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)[0]
         rows.append({"overlap": overlap, **{k: float(v) for k, v in metrics.items()}})
         ckpt_path = None  # weights are loaded once
@@ -79,6 +81,11 @@ def evaluate_overlaps(
     for row in rows:
         print(" ".join(f"{row.get(name, float('nan')):>18.6g}" for name in ["overlap", *columns]))
     return rows
+
+
+def token_nll_name(overlap: int) -> str:
+    """The per-token file of one overlap (`--write_token_nll true`)."""
+    return f"token_nll_overlap{overlap}.npz"
 
 
 def say_overlap(trainer: pl.Trainer, i: int, n: int, row: dict[str, float], stage: str, note: str) -> None:
