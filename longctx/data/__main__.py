@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     prepare.add_argument("--no-download", dest="download", action="store_false", help="never use the network")
     prepare.add_argument(
-        "--tokenizer", help="raw-text corpora: gpt2 (default), a BPE folder or hub id, bytes"
+        "--tokenizer",
+        help="raw-text corpora: gpt2 (default), a BPE folder or hub id, bytes; text_files also words",
     )
     prepare.add_argument("--max_train_documents", type=int, help="PG-19: first N train books")
     prepare.add_argument("--max_eval_document_tokens", type=int, help="PG-19: first K tokens per eval book")

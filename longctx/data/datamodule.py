@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from longctx.data.cache import (
     BYTES_TOKENIZER,
     SPLITS,
+    WORDS_TOKENIZER,
     CorpusSpec,
     TokenizedCorpus,
     load_corpus,
@@ -64,7 +65,9 @@ class LMDataModule(pl.LightningDataModule):
         windows_per_batch: K windows of each row per training batch (backprop through K windows).
         tokenizer: how the text corpora (wikitext103_raw, wikitext103_text, pg19, text_files) are
             tokenized: `gpt2` (GPT-2 BPE), a local directory or hub id of a byte-level BPE, or `bytes`
-            (byte level: what Transformer-XL and Adaptive Span read to compare with GPT-2 on the same text).
+            (byte level: what Transformer-XL and Adaptive Span read to compare with GPT-2 on the same
+            text); text_files also takes `words` (whitespace-separated words, `<eos>` per line, the
+            vocabulary from the train file, other words scored as `<unk>` and counted).
         max_train_documents / max_eval_document_tokens: PG-19 subset (paper: 1,250 and 15,000).
         shuffle_documents: deal training documents in a new seeded order every epoch.
         seed: seed of that order and of the `train_wrap` offsets.
@@ -117,6 +120,11 @@ class LMDataModule(pl.LightningDataModule):
             raise ValueError(
                 "data.tokenizer: bytes applies to the text corpora (wikitext103_raw, wikitext103_text, "
                 f"pg19, text_files); {corpus} has fixed {self.info.unit} tokens: drop the option"
+            )
+        if tokenizer == WORDS_TOKENIZER and not self.info.user_files:
+            raise ValueError(
+                "data.tokenizer: words reads your own files (corpus text_files) as whitespace-separated "
+                f"words; {corpus} has its own tokenizer: drop the option (word level: corpus wikitext103)"
             )
         if files is not None and not self.info.user_files:
             raise ValueError(f"data.files applies to corpus text_files; {corpus} reads its own files")
