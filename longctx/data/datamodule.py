@@ -17,7 +17,7 @@ from typing import Literal
 import lightning.pytorch as pl
 import platformdirs
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from longctx.data.cache import (
     BYTES_TOKENIZER,
@@ -31,6 +31,7 @@ from longctx.data.cache import (
 )
 from longctx.data.corpora import get_corpus
 from longctx.data.streams import SegmentStream, Wrap
+from longctx.data.synth import marks_path
 from longctx.data.text_files import check_split_tokens, check_text_files
 
 log = logging.getLogger(__name__)
@@ -282,7 +283,28 @@ class LMDataModule(pl.LightningDataModule):
             raise ValueError(f"{self.info.name} {split} split: {err}") from err
 
     def train_dataloader(self) -> SegmentStream:
-        return self.stream("train", train=True)
+        stream = self.stream("train", train=True)
+        self.warn_if_budget_repeats(stream)
+        return stream
+
+    def warn_if_budget_repeats(self, stream: SegmentStream) -> None:
+        """A synthetic text with marks (`python -m longctx.data synth`) is written large enough for
+        the budget, so that no episode is trained twice: say so when the trainer's `max_steps` reads
+        the train file more than once."""
+        trainer = self.trainer
+        if trainer is None or not self.info.user_files or trainer.max_steps is None or trainer.max_steps < 0:
+            return
+        train_file = self.spec.user_files()["train"]
+        if not marks_path(train_file).is_file() or len(stream) == 0:
+            return
+        batches = trainer.max_steps * trainer.accumulate_grad_batches
+        if batches > len(stream):
+            rank_zero_warn(
+                f"longctx: trainer.max_steps {trainer.max_steps} reads the train file {train_file} "
+                f"{batches / len(stream):.2f} times ({len(stream):,} batches per pass): its episodes repeat; "
+                "write a larger one (`python -m longctx.data synth ... --train_tokens N`, N >= max_steps "
+                "x batch_size x tgt_len)"
+            )
 
     def val_dataloader(self) -> SegmentStream:
         return self.stream("valid", train=False)

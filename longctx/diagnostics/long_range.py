@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from longctx.data.synth import MARKS_SUFFIX, load_marks
+from longctx.data.synth import load_marks, marks_path
 from longctx.run_layout import TOKEN_NLL
 
 # The split `token_nll.npz` holds, by the subcommand that wrote it last (summary.json `subcommand`).
@@ -36,7 +36,7 @@ def marks_for_run(config: dict[str, Any], subcommand: str | None) -> dict[str, n
     if data.get("corpus") != "text_files" or data.get("tokenizer") != "bytes" or split not in files:
         return None
     text = Path(files[split])
-    if not (text.parent / f"{text.stem}{MARKS_SUFFIX}").is_file():
+    if not marks_path(text).is_file():
         return None
     return load_marks(text.parent, text.stem)
 
