@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.recall import TargetMarks
 from longctx.data.streams import SegmentStream
 
 
@@ -62,7 +63,7 @@ class CarryLM(LMBase):
 
 class NoTextFacts:
     """The data facts `LMBase` reads (`LMDataFacts`) for synthetic tokens that stand for no text: no
-    bytes per token, no words; segment batches unless a subclass says otherwise."""
+    bytes per token, no words, no marks; segment batches unless a subclass says otherwise."""
 
     mode = "segments"
     metric = "ppl"
@@ -70,6 +71,9 @@ class NoTextFacts:
     token_bytes = None
 
     def word_count(self, split: str) -> int | None:
+        return None
+
+    def target_marks(self, split: str) -> None:
         return None
 
 
@@ -95,6 +99,15 @@ class SyntheticData(NoTextFacts, pl.LightningDataModule):
 
     def val_dataloader(self) -> SegmentStream:
         return self._stream(self.eval_batch_size, pad=True)
+
+
+def with_marks(data_class: type[SyntheticData], marks: TargetMarks) -> type[SyntheticData]:
+    """`data_class` whose validation split has `marks` (recall accuracy is logged on it)."""
+
+    def target_marks(self, split: str) -> TargetMarks | None:
+        return marks if split == "valid" else None
+
+    return type(f"Marked{data_class.__name__}", (data_class,), {"target_marks": target_marks})
 
 
 class WindowData(SyntheticData):

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Literal
 
 import lightning.pytorch as pl
+import numpy as np
 import platformdirs
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from longctx.core.recall import TargetMarks
 from longctx.data.cache import (
     BYTES_TOKENIZER,
     SPLITS,
@@ -27,12 +29,13 @@ from longctx.data.cache import (
     TokenizedCorpus,
     load_corpus,
     prepare_corpus,
+    source_digest,
     vocab_size_of,
 )
 from longctx.data.corpora import get_corpus
 from longctx.data.streams import SegmentStream, Wrap
-from longctx.data.synth import marks_path
-from longctx.data.text_files import check_split_tokens, check_text_files
+from longctx.data.synth import load_marks, marks_path
+from longctx.data.text_files import TextFileError, check_split_tokens, check_text_files
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +177,7 @@ class LMDataModule(pl.LightningDataModule):
         self.windows_per_batch = windows_per_batch
         self.word_convention = word_convention
         self._corpus: TokenizedCorpus | None = None
+        self._marks: dict[str, TargetMarks | None] = {}
         self._vocab_size: int | None = None
         self._token_bytes: torch.Tensor | None = None
 
@@ -225,6 +229,8 @@ class LMDataModule(pl.LightningDataModule):
                 for split, file in self.spec.user_files().items():
                     check_split_tokens(split, file, len(corpus.split(split).tokens), needs[split])
             self._corpus = corpus
+            if self.info.user_files:
+                self._marks = {split: self._load_marks(split) for split in ("valid", "test")}
             for split, rate in self.out_of_vocabulary().items():
                 if rate["oov_tokens"]:
                     rank_zero_info(
@@ -232,6 +238,42 @@ class LMDataModule(pl.LightningDataModule):
                         f"{rate['tokens']:,} tokens ({rate['oov_fraction']:.2%}) are words the vocabulary "
                         "lacks, scored as <unk>"
                     )
+
+    def target_marks(self, split: str) -> TargetMarks | None:
+        """The marked targets of an evaluation split ("valid" or "test"): `text_files` whose file has a
+        marks sidecar (`<stem>.marks.npz` beside it, `python -m longctx.data synth`) in this run's token
+        unit; else None. Read and checked at `setup`."""
+        return self._marks.get(split)
+
+    def _load_marks(self, split: str) -> TargetMarks | None:
+        """The sidecar of the split's file, checked against the file: the digest it records (marks of
+        another text are an error, not a wrong number) and the split's token count."""
+        file = self.spec.user_files()[split]
+        path = marks_path(file)
+        if not path.is_file():
+            return None
+        marks = load_marks(path.parent, file.stem)
+        unit = str(marks.get("tokenizer", BYTES_TOKENIZER))  # sidecars without the key are bytes
+        if unit != self.spec.tokenizer:
+            rank_zero_info(
+                f"longctx: {path} marks {unit} offsets and this run reads data.tokenizer "
+                f"{self.spec.tokenizer}: no recall accuracy on the {split} split"
+            )
+            return None
+        if "text_blake2b" in marks and str(marks["text_blake2b"]) != source_digest(file):
+            raise TextFileError(
+                f"{path} marks another text than {file} (its text_blake2b differs from the file's): write "
+                "both again with `python -m longctx.data synth`, or remove the sidecar"
+            )
+        offset, n_tokens = marks["offset"].astype(np.int64), len(self.corpus.split(split).tokens)
+        if offset.size and (offset.min() < 0 or offset.max() >= n_tokens):
+            raise TextFileError(
+                f"{path} marks offset {offset.max():,} but {file} has {n_tokens:,} tokens: the marks belong "
+                "to another file; write both again with `python -m longctx.data synth`, or remove the sidecar"
+            )
+        query = marks.get("query")
+        order = np.argsort(offset, kind="stable")
+        return TargetMarks(offset[order], None if query is None else query.astype(np.int64)[order])
 
     def out_of_vocabulary(self) -> dict[str, dict[str, float]]:
         """Per split of a word corpus: `tokens`, `oov_tokens` (words not in the vocabulary, so mapped
