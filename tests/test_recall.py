@@ -189,3 +189,41 @@ def test_marks_of_another_text_are_refused_at_setup(tmp_path):
         match=r"valid\.marks\.npz marks offset .* but .*valid\.txt has .* tokens: the marks belong",
     ):
         text_files_data(tmp_path / "copy", "bytes", tmp_path / "cache")
+
+
+# ------------------------------------------------------------------ state size
+def carried_numbers(model: LMBase, data_class: type[SyntheticData]) -> list[int]:
+    """Per layer, the numbers one row carries into the next segment after three evaluation batches."""
+    data = data_class(n_tokens=400, eval_batch_size=2, seq_len=16)
+    data.trainer = SimpleNamespace(global_rank=0, world_size=1)
+    memory = model.eval().init_memory(2)
+    with torch.no_grad():
+        for _, batch in zip(range(3), data.val_dataloader(), strict=False):
+            memory = model.step(batch, memory).memory
+    if memory is None:
+        return [0]
+    if hasattr(memory, "h_prev"):  # the recurrent GPT-2's one vector
+        return [0 if memory.h_prev is None else memory.h_prev[0].numel()]
+    if hasattr(memory, "compressed"):
+        return [h[0].numel() + c[0].numel() for h, c in zip(memory.hidden, memory.compressed, strict=True)]
+    states = memory.h_cache if hasattr(memory, "h_cache") else memory.hidden
+    return [h[0].numel() for h in states]
+
+
+@pytest.mark.parametrize(
+    "method,build,data_class,slack",
+    [
+        ("transformer_xl", tiny_transformer_xl, SyntheticData, 0),
+        ("rpe", lambda: tiny_transformer_xl(mem_len=0), SyntheticData, 0),
+        ("fixed_span", lambda: TINY["adaptive_span"].build(span="fixed"), SyntheticData, 0),
+        # Its memory keeps up to c - 1 states beyond n_m until they fill a group to compress.
+        ("compressive", tiny_compressive_transformer, SyntheticData, 1 * 16),
+        ("recurrence", tiny_recurrence, WindowData, 0),
+        ("gpt2_window", lambda: tiny_recurrence(recurrence=False), WindowData, 0),
+        ("window_transformer", TINY["window_transformer"].build, SyntheticData, 0),
+    ],
+)
+def test_the_state_size_is_what_the_memory_carries_per_layer(method, build, data_class, slack):
+    model = build()
+    carried = carried_numbers(model, data_class)
+    assert all(model.state_size() <= n <= model.state_size() + slack for n in carried), (carried, method)

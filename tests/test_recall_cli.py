@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from longctx.cli import main
+from longctx.context import main as context_main
 from longctx.data.__main__ import main as data_main
 from longctx.data.synth import load_marks
 
@@ -62,3 +64,16 @@ def test_fit_and_test_on_mqar_text_record_recall_that_the_files_give(tmp_path, m
     first = np.isin(offset, marks["offset"][marks["query"] == 0])
     assert metrics["test/recall_acc_first"] == pytest.approx(correct[first].mean())
     assert "recall_stop" in summary  # the fit's record survives the test
+
+    # `context` on the checkpoint: recall and state size per memory length; at the configured memory
+    # (48) the point is the fit's last validation (the checkpoint was saved there).
+    context_main(["--config", str(REPO / "configs" / "long_range" / "xl.yaml"), "--ckpt_path",
+                  str(run / "checkpoints" / "last.ckpt"), "--name", "xl", "--lengths", "0", "48",
+                  "--run_name", "ctx", *common[2:-2]])  # fmt: skip
+    points = {
+        int(row["context_length"]): row
+        for row in csv.DictReader((tmp_path / "runs" / "ctx" / "context.csv").open())
+    }
+    assert float(points[0]["state_size"]) == 0 and float(points[48]["state_size"]) == 48 * 128
+    assert float(points[48]["recall_acc"]) == pytest.approx(curve[-1]["val/recall_acc"])
+    assert float(points[48]["recall_acc_first"]) == pytest.approx(curve[-1]["val/recall_acc_first"])

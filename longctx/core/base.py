@@ -199,6 +199,12 @@ class LMBase(pl.LightningModule):
         None: not counted."""
         return None
 
+    def state_size(self) -> int | None:
+        """Numbers per layer that carry context from one segment (window) to the next at evaluation,
+        zoology's "state size", so that different memories share one axis (Transformer-XL: its memory
+        m·d); logged as `{val,test}/state_size`. None: not declared."""
+        return None
+
     def optimizer_param_groups(self) -> list[dict[str, Any]] | Any:
         """Parameters (or parameter groups) handed to the optimizer factory."""
         return self.parameters()
@@ -380,6 +386,8 @@ class LMBase(pl.LightningModule):
         length = self._eval_length.get(stage)
         if length is not None and (flops := self.flops_per_token(length)) is not None:
             self.log(f"{stage}/flops_per_token", float(flops), sync_dist=False)
+        if (state_size := self.state_size()) is not None:
+            self.log(f"{stage}/state_size", float(state_size), sync_dist=False)
         if n_bytes > 0:
             self.log(f"{stage}/bpb", (nll / math.log(2) / n_bytes).float(), sync_dist=False)
         words = self._word_count(stage)

@@ -152,6 +152,12 @@ class AdaptiveSpanLM(LMBase):
             return [z.float().cpu() for z in self._last_spans]
         return [torch.full((config.n_heads,), float(config.attn_span)) for _ in self.net.layers]
 
+    def state_size(self) -> int:
+        """cap·d numbers per layer: the cached states the farthest query may attend at evaluation
+        (`eval_span_cap`, else the maximum span S). Learned spans may use fewer; the cache holds S."""
+        config = self.net.config
+        return (self.eval_span_cap or config.attn_span) * config.d_model
+
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per token with each head over its own span (z + R, at most S; `flops.py`),
         counting the re-projection of the cached states every block of `segment_length` tokens (per

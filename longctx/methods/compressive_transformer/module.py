@@ -152,6 +152,10 @@ class CompressiveTransformerLM(LMBase):
         return ct_memory.reset_compressive_memory_rows(memory, reset)
 
     # ------------------------------------------------------------------ cost
+    def state_size(self) -> int:
+        """(n_m + n_cm)·d numbers per layer at evaluation: the memory and the compressed memory."""
+        return (self.eval_lengths.mem_len + self.eval_lengths.cmem_len) * self.net.d_model
+
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`)."""
         config, net = self.net.config, self.net

@@ -152,6 +152,12 @@ class RecurrentGPT2LM(LMBase):
             (nll, correct), memory = self._baseline_scores(x, batch["target"], use_checkpoint), None
         return StepOutput(nll=nll, memory=memory, correct=correct)
 
+    def state_size(self) -> int:
+        """d: the one vector h_prev carried from window to window (read at layer ℓ_ins); 0 for the
+        windowed baseline and with `eval_h_prev: reset`."""
+        carried = self.recurrence is not None and self.eval_h_prev == "carried"
+        return self.lm.config.hidden_size if carried else 0
+
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token for windows of T = `segment_length` at the evaluation
         overlap: the paper's count (`flops.py`: Kaplan's, without the recurrence's small FFN) plus the

@@ -159,6 +159,12 @@ class TransformerXLLM(LMBase):
         return xl_memory.reset_memory_rows(memory, reset, zero_fill=zero_fill)
 
     # ------------------------------------------------------------------ cost
+    def state_size(self) -> int:
+        """The evaluation memory's m·d numbers per layer (TRAMS: the m slots attended of its pool;
+        RPE, memory 0: 0). The keys and values are projections of these states."""
+        slots = self.trams.attended if self.trams is not None else self.eval_lengths.mem_len
+        return slots * self.net.d_model
+
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with the full evaluation memory (TRAMS: the
         pool M, the attended window and the scoring; `flops.py`)."""

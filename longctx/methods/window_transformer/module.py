@@ -54,6 +54,10 @@ class WindowTransformerLM(LMBase):
         correct = target_is_argmax(logits, batch["target"]) if self.wants_correct else None
         return StepOutput(nll=nll, memory=None, correct=correct)
 
+    def state_size(self) -> int:
+        """0: nothing is carried from one window to the next."""
+        return 0
+
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token on segments of `segment_length` tokens (2 × multiply-accumulates);
         `LMBase` logs it as `{val,test}/flops_per_token`."""
