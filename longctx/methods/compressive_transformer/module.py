@@ -47,7 +47,6 @@ from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.memory import MemoryLengths, length_attributes
-from longctx.methods.transformer_xl.module import predicted_target
 
 
 @dataclass(frozen=True)
@@ -202,7 +201,7 @@ class CompressiveTransformerLM(LMBase):
             logs["compressed_mass"] = out.compressed_mass.mean()
             for i, mass in enumerate(out.compressed_mass):
                 logs[f"compressed_mass_layer{i}"] = mass
-        correct = predicted_target(self.net, out.hidden, batch["target"]) if self.wants_correct else None
+        correct = self.net.crit.target_is_argmax(out.hidden, batch["target"]) if self.wants_correct else None
         return StepOutput(nll=nll, memory=out.memory, extra_loss=extra_loss, logs=logs, correct=correct)
 
     # ------------------------------------------------------------------ optimisation

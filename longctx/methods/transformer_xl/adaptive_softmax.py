@@ -171,6 +171,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         rows = max(1, max_logits // self.n_token)
         return torch.cat([self.log_prob(part).argmax(-1) for part in hidden.split(rows)])
 
+    def target_is_argmax(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """(...) bool: `target` (...) is the most probable word (`predict`) given `hidden` (..., d_proj)."""
+        return self.predict(hidden.reshape(-1, hidden.shape[-1])).view(target.shape) == target
+
     def forward(self, hidden: Tensor, target: Tensor) -> Tensor:
         """NLL (nats) of target (N,) given hidden (N, d_proj), in the order of the input: (N,)."""
         if self.n_clusters == 0:

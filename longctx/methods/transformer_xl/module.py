@@ -210,14 +210,9 @@ class TransformerXLLM(LMBase):
             logs["trams/mem_mass"] = masses.mean()
             for i, m in enumerate(masses):
                 logs[f"trams/mem_mass_layer{i}"] = m
-        correct = predicted_target(self.net, out.hidden, batch["target"]) if self.wants_correct else None
+        # The argmax over the full vocabulary of the adaptive softmax: head and tail clusters.
+        correct = self.net.crit.target_is_argmax(out.hidden, batch["target"]) if self.wants_correct else None
         return StepOutput(nll=nll, memory=out.memory, mask=mask, logs=logs, correct=correct)
-
-
-def predicted_target(net: TransformerXL, hidden: Tensor, target: Tensor) -> Tensor:
-    """(B, n) bool: the target (B, n) is the argmax over the full vocabulary of the adaptive softmax
-    (head and tail clusters) given the last layer's output `hidden` (B, n, d)."""
-    return net.crit.predict(hidden.reshape(-1, hidden.shape[-1])).view(target.shape) == target
 
 
 def drop_last_scored(mask: Tensor) -> Tensor:
