@@ -78,10 +78,16 @@ class NoTextFacts:
 
 
 class SyntheticData(NoTextFacts, pl.LightningDataModule):
-    """Streams over fixed pseudo-random tokens (64 symbols)."""
+    """Streams over fixed pseudo-random tokens (64 symbols); `marks`: the validation split's marked
+    targets (recall accuracy is logged on them), None: no marks."""
 
     def __init__(
-        self, n_tokens: int = 4001, batch_size: int = 4, seq_len: int = 16, eval_batch_size: int = 3
+        self,
+        n_tokens: int = 4001,
+        batch_size: int = 4,
+        seq_len: int = 16,
+        eval_batch_size: int = 3,
+        marks: TargetMarks | None = None,
     ):
         super().__init__()
         rng = np.random.default_rng(0)
@@ -89,6 +95,10 @@ class SyntheticData(NoTextFacts, pl.LightningDataModule):
         self.batch_size, self.seq_len, self.eval_batch_size = batch_size, seq_len, eval_batch_size
         self.vocab_size = 64
         self.metric = "bpc"
+        self.marks = marks
+
+    def target_marks(self, split: str) -> TargetMarks | None:
+        return self.marks if split == "valid" else None
 
     def _stream(self, batch_size: int, pad: bool) -> SegmentStream:
         rank, world = self.trainer.global_rank, self.trainer.world_size
@@ -99,15 +109,6 @@ class SyntheticData(NoTextFacts, pl.LightningDataModule):
 
     def val_dataloader(self) -> SegmentStream:
         return self._stream(self.eval_batch_size, pad=True)
-
-
-def with_marks(data_class: type[SyntheticData], marks: TargetMarks) -> type[SyntheticData]:
-    """`data_class` whose validation split has `marks` (recall accuracy is logged on it)."""
-
-    def target_marks(self, split: str) -> TargetMarks | None:
-        return marks if split == "valid" else None
-
-    return type(f"Marked{data_class.__name__}", (data_class,), {"target_marks": target_marks})
 
 
 class WindowData(SyntheticData):

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from longctx.callbacks.accuracy_stop import StopAtAccuracy
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.recall import TargetMarks
-from tests.lm_fixtures import SyntheticData, cpu_trainer, with_marks
+from tests.lm_fixtures import SyntheticData, cpu_trainer
 from tests.methods import VOCAB
 
 MARKS = TargetMarks(np.arange(5, 400, 10), np.arange(40) % 4)  # 10 episodes of 4 queries
@@ -38,7 +38,7 @@ def fit(tmp_path, learned_at: int, max_steps: int = 20, **stop) -> tuple[StopAtA
     trainer = cpu_trainer(
         tmp_path, max_steps=max_steps, val_check_interval=3, callbacks=[callback], num_sanity_val_steps=0
     )
-    data = with_marks(SyntheticData, MARKS)(n_tokens=2001, batch_size=2, eval_batch_size=4)
+    data = SyntheticData(n_tokens=2001, batch_size=2, eval_batch_size=4, marks=MARKS)
     trainer.fit(LearnsAtStepLM(learned_at), datamodule=data)
     return callback, trainer.global_step
 

@@ -24,7 +24,7 @@ from longctx.data import mqar
 from longctx.data.datamodule import LMDataModule
 from longctx.data.synth import SynthSettings, generate, load_marks
 from longctx.data.text_files import TextFileError
-from tests.lm_fixtures import SyntheticData, WindowData, cpu_trainer, with_marks
+from tests.lm_fixtures import SyntheticData, WindowData, cpu_trainer
 from tests.methods import TINY, VOCAB, tiny_compressive_transformer, tiny_recurrence, tiny_transformer_xl
 from tests.test_mqar import SMALL
 
@@ -102,7 +102,7 @@ def test_elimination_scores_one_over_k_then_more_and_only_the_first_query_shows_
     episode = np.repeat(np.arange(episodes), K)
     hits = np.zeros(1003, bool)
     hits[offset] = episode < episodes // (K - query)
-    data = with_marks(SyntheticData, TargetMarks(offset, query))(n_tokens=1003, eval_batch_size=4)
+    data = SyntheticData(n_tokens=1003, eval_batch_size=4, marks=TargetMarks(offset, query))
     metrics = cpu_trainer(tmp_path).validate(TableLM(hits), datamodule=data, verbose=False)[0]
     assert metrics["val/recall_acc"] == pytest.approx(25 / 48)
     assert metrics["val/recall_acc_first"] == pytest.approx(1 / 4)
@@ -136,7 +136,7 @@ def test_a_method_that_cannot_say_its_argmax_is_an_error_on_marked_text(tmp_path
         def step(self, batch, memory):
             return StepOutput(nll=torch.ones_like(batch["target"], dtype=torch.float32))
 
-    data = with_marks(SyntheticData, TargetMarks(np.array([5, 9])))(n_tokens=200)
+    data = SyntheticData(n_tokens=200, marks=TargetMarks(np.array([5, 9])))
     with pytest.raises(NotImplementedError, match=r"^Silent\.step returned no StepOutput\.correct"):
         cpu_trainer(tmp_path).validate(Silent(np.zeros(200, bool)), datamodule=data, verbose=False)
 

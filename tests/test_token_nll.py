@@ -21,7 +21,7 @@ from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
 from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.transformer_xl.module import drop_last_scored
-from tests.lm_fixtures import SyntheticData, WindowData, cpu_trainer, with_marks
+from tests.lm_fixtures import SyntheticData, WindowData, cpu_trainer
 from tests.methods import TINY, tiny_recurrence, tiny_transformer_xl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,7 +125,7 @@ def test_every_methods_file_adds_up_to_the_logged_total_and_its_correctness_to_t
     recall accuracies (tests/test_recall.py checks `correct` is each method's argmax)."""
     build, data_class = METHODS[method]
     pl.seed_everything(0)
-    data = with_marks(data_class, MARKS)(n_tokens=N_TOKENS, eval_batch_size=4, seq_len=16)
+    data = data_class(n_tokens=N_TOKENS, eval_batch_size=4, seq_len=16, marks=MARKS)
     metrics, arrays = validate_writing(build(), data, tmp_path)
     assert_adds_up(arrays, metrics["val/loss"], metrics["val/tokens"])
     assert np.isfinite(arrays["nll"]).all() and (arrays["nll"] > 0).all()
@@ -268,7 +268,7 @@ def test_two_ranks_write_the_one_process_file(tmp_path, method):
     build, data_class = METHODS[method]
     pl.seed_everything(0)
     model = build()
-    data = with_marks(data_class, MARKS)(n_tokens=N_TOKENS, eval_batch_size=4, seq_len=16)
+    data = data_class(n_tokens=N_TOKENS, eval_batch_size=4, seq_len=16, marks=MARKS)
     _, single = validate_writing(model, data, tmp_path / "single")
     ddp_metrics, ddp = validate_writing(model, data, tmp_path / "ddp", devices=2, strategy="ddp_spawn")
     assert_adds_up(ddp, ddp_metrics["val/loss"], ddp_metrics["val/tokens"])
