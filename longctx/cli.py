@@ -63,6 +63,7 @@ from longctx.callbacks import (
     DivergenceError,
     ProgressLog,
     RunRecord,
+    StopAtAccuracy,
     StopOnDivergence,
     recorded,
 )
@@ -390,6 +391,7 @@ class LongCtxCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.add_lightning_class_args(ProgressLog, "progress")  # a callback of every run, configurable
         parser.add_lightning_class_args(StopOnDivergence, "divergence")  # NaN or exploded loss stops fit
+        parser.add_lightning_class_args(StopAtAccuracy, "recall_stop")  # recall >= min_acc stops fit
         parser.add_argument(
             "--run_name",
             type=str | None,

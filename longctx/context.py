@@ -12,8 +12,10 @@ once, and evaluated at every context length of its axis (`longctx.diagnostics.ax
 changed in place between evaluations, so a point equals a `validate` run with the flags the CSV
 lists). Writes, in `<root>/<run_name>/`:
 
-- `context.csv`: model, method, axis, context_length, loss, ppl, bpc, bpb, tokens, flags (the
-  `validate` flags of the point); `context.png`: loss against context length, one line per model;
+- `context.csv`: model, method, axis, context_length, loss, ppl, bpc, bpb, tokens, state_size (the
+  numbers per layer the model carries at that point, `LMBase.state_size`), recall_acc and
+  recall_acc_first (on a split with marks: `longctx.core.recall`), flags (the `validate` flags of
+  the point); `context.png`: loss against context length, one line per model;
 - `recl.csv` (and `recl_gains.csv`, every relative gain): the Relative Effective Context Length of
   Dai et al. 2019 over the models of each axis (`longctx.diagnostics.recl`; r = 0.1, 0.5, 1.0);
 - `context_positions.csv`/`.png`: loss by position within the segment/window, per model and point;
@@ -54,7 +56,8 @@ from longctx.run_layout import DEFAULT_ROOT, run_directory
 from longctx.run_lock import RunDirectoryBusy
 
 CONTEXT_COLUMNS = [
-    "model", "method", "axis", "context_length", "loss", "ppl", "bpc", "bpb", "tokens", "flags",
+    "model", "method", "axis", "context_length", "loss", "ppl", "bpc", "bpb", "tokens", "state_size",
+    "recall_acc", "recall_acc_first", "flags",
 ]  # fmt: skip
 
 
@@ -191,6 +194,9 @@ def sweep(run: ModelRun, split: str) -> tuple[list[dict], dict[tuple[str, int], 
                 "loss": metrics[f"{stage}/loss"], "ppl": metrics.get(f"{stage}/ppl"),
                 "bpc": metrics.get(f"{stage}/bpc"), "bpb": metrics.get(f"{stage}/bpb"),
                 "tokens": int(metrics[f"{stage}/tokens"]),
+                "state_size": metrics.get(f"{stage}/state_size"),
+                "recall_acc": metrics.get(f"{stage}/recall_acc"),
+                "recall_acc_first": metrics.get(f"{stage}/recall_acc_first"),
                 "flags": " ".join(run.axis.flags(model, data, length) + variant.flags),
             })  # fmt: skip
     if len({row["tokens"] for row in rows}) > 1:

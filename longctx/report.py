@@ -12,7 +12,13 @@ writes into `--out` (default `report/`):
   byte on validation and test; on a synthetic long-range task (`python -m longctx.data synth`), the
   loss on the long-range positions and on the near answers (`long_range_loss`, `near_loss`, from
   token_nll.npz and the marks sidecar), and the RECL at r = 0.1 and 0.01 from a `context` run beside
-  the run (`longctx.diagnostics.long_range`);
+  the run (`longctx.diagnostics.long_range`); with marks, the recall accuracy (`test_recall_acc`,
+  `test_recall_acc_first`, `val_recall_acc_first`: `longctx.core.recall`), the steps the fit took to
+  reach `--recall_stop.min_acc` (`steps_to_acc`; `>N`: not within its N steps) and the state size
+  (numbers per layer carried across segments, `LMBase.state_size`);
+- with recall: `recall_by_distance.csv`/`.md` and `recall_vs_distance.png` (accuracy per distance
+  bin, from token_nll.npz `correct`), `recall_vs_state_size.png` (runs and sibling `context` runs;
+  `longctx.diagnostics.recall`);
 - `bpb_vs_flops.png`, `bpb_vs_memory.png`: bits per byte against FLOPs per token and against peak
   memory, one point per run: test, or validation (hollow, "(val)") for a run that was not tested
   (a `fit` or `validate` alone); each point carries the number of its row in the table, placed
@@ -54,6 +60,7 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from longctx.atomic import atomic_path, write_text_atomic
+from longctx.diagnostics import recall
 from longctx.diagnostics.long_range import marked_losses, recl
 from longctx.errors import OneLineArgumentParser
 from longctx.run_layout import CONFIG, METRICS, SUMMARY
@@ -259,6 +266,28 @@ def _marked(column: str) -> Callable[[Run], Any]:
     return lambda run: marked_losses(run.path, run.config, run.summary.get("subcommand"))[column]
 
 
+def _steps_to_acc(run: Run) -> Any:
+    """The step the fit's recall reached `--recall_stop.min_acc` (summary.json `recall_stop`), or
+    ">N" when it did not within its N steps; None without a stop rule."""
+    record = run.summary.get("recall_stop")
+    if not record:
+        return None
+    return record["reached_step"] if record["reached_step"] is not None else f">{record['global_step']}"
+
+
+def _state_size(run: Run) -> Any:
+    metrics = run.summary.get("metrics", {})
+    return metrics.get("test/state_size", metrics.get("val/state_size"))
+
+
+def _recall(run: Run) -> float | None:
+    """The run's recall for the state-size figure: first queries where the marks have them, else all
+    answers; test, else validation."""
+    metrics = run.summary.get("metrics", {})
+    names = ("test/recall_acc_first", "test/recall_acc", "val/recall_acc_first", "val/recall_acc")
+    return next((metrics[name] for name in names if name in metrics), None)
+
+
 def _recl(r: float) -> Callable[[Run], Any]:
     return lambda run: recl(run.path, r)
 
@@ -291,13 +320,21 @@ COLUMNS: list[Column] = [
     ("test_bpb", _metric("test/bpb"), _fmt(".4f")),
     ("long_range_loss", _marked("long_range_loss"), _fmt(".3f")),
     ("near_loss", _marked("near_loss"), _fmt(".3f")),
+    ("test_recall_acc", _metric("test/recall_acc"), _fmt(".3f")),
+    ("test_recall_acc_first", _metric("test/recall_acc_first"), _fmt(".3f")),
+    ("val_recall_acc_first", _metric("val/recall_acc_first"), _fmt(".3f")),
+    ("steps_to_acc", lambda run: _steps_to_acc(run), str),
+    ("state_size", lambda run: _state_size(run), _fmt(",.0f")),
     ("recl_r0.1", _recl(0.1), str),
     ("recl_r0.01", _recl(0.01), str),
 ]
 
 
 # Results: shown as the run's status, never as numbers, for a run that diverged or failed.
-RESULT_COLUMNS = ("val", "test", "test_word_ppl", "val_bpb", "test_bpb", "long_range_loss", "near_loss")
+RESULT_COLUMNS = (
+    "val", "test", "test_word_ppl", "val_bpb", "test_bpb", "long_range_loss", "near_loss",
+    "test_recall_acc", "test_recall_acc_first", "val_recall_acc_first",
+)  # fmt: skip
 UNRANKED_STATUSES = ("diverged", "failed")
 
 
@@ -504,6 +541,7 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
             figure.savefig(tmp, dpi=120, format="png")
         if left_out:
             notes.append(_left_out_note(FIGURES[name], left_out))
+    recall_markdown = write_recall_outputs(runs, out, paths, notes)
     memory_kinds = sorted(
         {run.summary["peak_memory_kind"] for run in runs if run.summary.get("peak_memory_kind")}
     )
@@ -518,11 +556,63 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
         "non-finite results. Figures: test bits per byte, or validation (hollow, `(val)`) for a run "
         "that was not tested; each point is numbered by its row in this table.\n",
         *[f"![{title}]({name})\n" for name, title in FIGURES.items()],
+        *recall_markdown,
         *(["\n".join(notes) + "\n"] if notes else []),
     ]
     write_text_atomic(out / "report.md", "\n".join(markdown))
     write_text_atomic(out / "report.csv", to_csv(rows))
     return rows, paths
+
+
+def write_recall_outputs(
+    runs: Sequence[Run], out: Path, paths: dict[str, Path], notes: list[str]
+) -> list[str]:
+    """Recall by distance (`recall_by_distance.csv`/`.md`, `recall_vs_distance.png`) and against state
+    size (`recall_vs_state_size.png`), when some run has what they need (`longctx.diagnostics.recall`);
+    adds the figures to `paths`, notes on runs left out to `notes`; returns report.md's lines."""
+    answers = [
+        a
+        for run in runs
+        if (a := recall.run_answers(run.name, run.path, run.config, run.summary.get("subcommand")))
+    ]
+    markdown = []
+    if answers:
+        table = recall.by_distance(answers, recall.distance_edges(answers))
+        write_text_atomic(out / "recall_by_distance.csv", recall.distance_csv(table))
+        write_text_atomic(out / "recall_by_distance.md", recall.distance_markdown(table))
+        _save(recall.distance_figure(table, answers), out / "recall_vs_distance.png", paths)
+        markdown += [
+            "## Recall by distance\n",
+            "Answers and accuracy (argmax = answer) per distance bin, from each run's token_nll.npz "
+            "`correct` and the marks of the file it scored:\n",
+            recall.distance_markdown(table),
+            "![recall accuracy vs distance](recall_vs_distance.png)\n",
+        ]
+        if left := [run.name for run in runs if run.name not in {a.run for a in answers}]:
+            why = "no token_nll.npz with `correct` on marked text"
+            notes.append(f"- recall by distance: left out ({why}): {', '.join(left)}")
+    points, left_out = [], []
+    for run in runs:
+        found, state_size = _recall(run), _state_size(run)
+        if run_status(run) in UNRANKED_STATUSES or found is None or state_size is None:
+            left_out.append(run.name)
+        else:
+            points.append({"run": run.name, "state_size": state_size, "recall": found})
+    context = recall.context_points([run.path for run in runs])
+    if points or context:
+        _save(recall.state_size_figure(points, context), out / "recall_vs_state_size.png", paths)
+        markdown.append("![recall accuracy vs state size](recall_vs_state_size.png)\n")
+        if left_out:
+            notes.append(
+                f"- recall vs state size: left out (no recall or state size recorded): {', '.join(left_out)}"
+            )
+    return markdown
+
+
+def _save(figure: Figure, path: Path, paths: dict[str, Path]) -> None:
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, dpi=120, format="png")
+    paths[path.name] = path
 
 
 def log_to_wandb(

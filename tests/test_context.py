@@ -227,6 +227,9 @@ def test_a_context_point_equals_the_validate_run_with_its_flags(tmp_path, xl_che
     assert float(rows[1]["loss"]) == float(metrics["val/loss"])  # exactly
     assert float(rows[1]["bpb"]) == float(metrics["val/bpb"])
     assert int(rows[1]["tokens"]) == int(metrics["val/tokens"])
+    assert [float(row["state_size"]) for row in rows] == [0.0, 16 * 16]  # memory m x d_model
+    assert float(rows[1]["state_size"]) == float(metrics["val/state_size"])
+    assert rows[1]["recall_acc"] == rows[1]["recall_acc_first"] == ""  # the sample text has no marks
     recl_rows = read_csv(run_dir / "recl.csv")
     assert [row["r"] for row in recl_rows] == ["0.1", "0.5", "1.0"]
     assert all(row["recl"] in ("0", "16") for row in recl_rows)
@@ -348,6 +351,8 @@ def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monke
                     "--ckpt_path", f"{name}.ckpt", "--run_name", f"validate_{name}"])  # fmt: skip
         assert float(row["loss"]) == float(cli.trainer.callback_metrics["val/loss"]), name
     assert rows[5]["loss"] != rows[7]["loss"]  # h_prev carried and reset differ
+    # Numbers per layer carried: span cap x d, attended m x d, h_prev (d) or nothing when reset.
+    assert [float(row["state_size"]) for row in rows] == [64, 128, 64, 128, 16, 16, 0, 0]
     recl_models = {row["model"] for row in read_csv(tmp_path / "runs" / "ctx" / "recl.csv")}
     assert recl_models == {"span", "trams", "gpt2", "gpt2 (h_prev reset)"}
 

@@ -429,3 +429,72 @@ def test_long_range_columns_read_the_marked_positions_and_the_context_runs_recl(
     assert rows["xl"]["recl_r0.1"] == "32 (memory)"
     assert rows["xl"]["recl_r0.01"] == "48+ (memory)"
     assert [rows["gpt2"][c] for c in ("long_range_loss", "near_loss", "recl_r0.1")] == ["-", "-", "-"]
+
+
+def test_recall_columns_table_by_distance_and_figures(tmp_path):
+    """On mqar text: the accuracy columns from summary.json, steps to the threshold (">N" when not
+    reached), the state size; recall by distance from token_nll.npz `correct` at the marks, in the
+    same bins for every run; the state-size figure takes the runs and a sibling context run."""
+    from longctx.data.mqar import MQARSettings, generate
+    from longctx.data.synth import load_marks
+    from longctx.diagnostics import recall
+
+    data = tmp_path / "mqar"
+    generate(MQARSettings(pairs=3, keys=40, values=40, filler_vocab=30, min_distance=6, max_distance=20,
+                          train_tokens=3000, eval_tokens=3000), data)  # fmt: skip
+    marks = load_marks(data, "test")
+    text = (data / "test.txt").read_text()
+    offset = np.arange(1, len(text.split()) + text.count("\n"))
+    files = {split: str(data / f"{split}.txt") for split in ("train", "valid", "test")}
+    near = marks["offset"][marks["distance"] < 12]  # the runs get exactly these answers right
+    runs = {
+        "xl": ({"reached_step": 3250, "global_step": 3250}, 0.8, 12800.0),
+        "rpe": ({"reached_step": None, "global_step": 20000}, 0.3, 0.0),
+    }
+    for name, (stop, first, state_size) in runs.items():
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        metrics = {"test/loss": 2.0, "test/recall_acc": 0.5, "test/recall_acc_first": first,
+                   "val/recall_acc_first": first, "test/state_size": state_size}  # fmt: skip
+        summary = {"status": "finished", "subcommand": "test", "metrics": metrics, "recall_stop": stop}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        config = {"data": {"corpus": "text_files", "files": files, "tokenizer": "words"}}
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        np.savez(run_dir / "token_nll.npz", nll=np.ones(offset.shape, np.float32), offset=offset,
+                 correct=np.isin(offset, near))  # fmt: skip
+    context = tmp_path / "runs" / "context"
+    context.mkdir()
+    (context / "context.csv").write_text(
+        "model,axis,context_length,state_size,recall_acc,recall_acc_first\n"
+        "xl,memory,0,0,0.4,0.33\nxl,memory,64,8192,0.9,0.85\n"
+    )
+    out = tmp_path / "out"
+    report_main([str(tmp_path / "runs" / "xl"), str(tmp_path / "runs" / "rpe"), "--out", str(out)])
+    with (out / "report.csv").open() as f:
+        rows = {row["run"]: row for row in csv.DictReader(f)}
+    assert [rows["xl"][c] for c in ("test_recall_acc", "test_recall_acc_first", "steps_to_acc")] == [
+        "0.5", "0.8", "3250"
+    ]  # fmt: skip
+    assert rows["rpe"]["steps_to_acc"] == ">20000" and float(rows["rpe"]["state_size"]) == 0.0
+    with (out / "recall_by_distance.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert {row["run"] for row in table} == {"xl", "rpe"}
+    for row in table:
+        low, high = int(row["distance_from"]), int(row["distance_to"])
+        in_bin = (marks["distance"] >= low) & (marks["distance"] <= high)
+        assert int(row["answers"]) == in_bin.sum()
+        assert int(row["first_answers"]) == (in_bin & (marks["query"] == 0)).sum()
+        assert float(row["recall_acc"]) == (
+            1.0 if high < 12 else 0.0
+        )  # 12 is a bin edge: no bin straddles it
+    assert [int(row["distance_from"]) for row in table[:8]] == [6, 8, 10, 12, 14, 15, 17, 19]
+    answers = [recall.run_answers(n, tmp_path / "runs" / n, config, "test") for n in ("xl", "rpe")]
+    context_points = recall.context_points([tmp_path / "runs" / "xl"])
+    assert [(p["state_size"], p["recall"]) for p in context_points] == [(0.0, 0.33), (8192.0, 0.85)]
+    run_point = {"run": "xl", "state_size": 12800.0, "recall": 0.8}
+    (ax,) = recall.state_size_figure([run_point], context_points).axes
+    assert [tuple(line.get_xydata()[:, 1]) for line in ax.lines] == [(0.33, 0.85)]  # the context model
+    (ax,) = recall.distance_figure(recall.by_distance(answers, recall.distance_edges(answers)), answers).axes
+    assert len(ax.lines) == 2 * 2 + 1  # all answers and first queries per run, and chance 1/3
+    for name in ("recall_vs_distance.png", "recall_vs_state_size.png", "recall_by_distance.md"):
+        assert (out / name).stat().st_size > 0

@@ -14,7 +14,9 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
   (training time only, validation left out), `peak_memory_bytes` with `peak_memory_kind`
   (`cuda_max_allocated` on a GPU, else the process's `peak_rss`), `wall_time_s`, `global_step`,
   `error` (one line, or null), `time`, and for
-  word corpora `out_of_vocabulary` (per split: `tokens`, `oov_tokens` mapped to `<unk>`, `oov_fraction`).
+  word corpora `out_of_vocabulary` (per split: `tokens`, `oov_tokens` mapped to `<unk>`, `oov_fraction`),
+  and what a callback adds through a `summary_fields()` method (`recall_stop` of a fit with
+  `--recall_stop.min_acc`: `longctx.callbacks.accuracy_stop`).
   A later subcommand in the same directory (e.g. `test` after `fit`) keeps the earlier metrics it
   does not recompute and the training figures when it did not train; `status` and `subcommand` are
   always the latest's, and `statuses` holds the last status of each subcommand run there
@@ -203,6 +205,9 @@ class RunRecord(pl.Callback):
         }
         if oov := getattr(trainer.datamodule, "out_of_vocabulary", dict)():
             current["out_of_vocabulary"] = oov  # per split: tokens, oov_tokens, oov_fraction
+        for callback in trainer.callbacks:  # e.g. `StopAtAccuracy`: the step recall reached its threshold
+            if hasattr(callback, "summary_fields"):
+                current.update(callback.summary_fields())
         if tokens > 0:
             current["train_tokens"] = tokens
             current["train_tokens_per_s"] = tokens / self.train_seconds if self.train_seconds > 0 else None
