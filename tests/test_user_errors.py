@@ -7,6 +7,7 @@ through `main` itself to pin the whole path. docs/bad_inputs.md lists every line
 from __future__ import annotations
 
 import pickle
+import random
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,15 @@ def test_random_bytes_are_not_a_checkpoint(tmp_path, tiny_model):
     legacy.write_bytes(pickle.dumps(3) + b"garbage")
     with pytest.raises(NotACheckpoint, match="is not a readable PyTorch checkpoint"):
         load_tensors_file(legacy)
+
+
+@pytest.mark.parametrize("seed", [2, 20])  # seeds whose bytes drive the unpickler to IndexError, KeyError
+def test_any_random_bytes_are_not_a_checkpoint(tmp_path, seed):
+    """CI once drew random bytes on which the unpickler popped an empty stack: a traceback."""
+    noise = tmp_path / "noise.ckpt"
+    noise.write_bytes(random.Random(seed).randbytes(2000))
+    with pytest.raises(NotACheckpoint, match=rf"^{noise} is not a readable PyTorch checkpoint"):
+        load_tensors_file(noise)
 
 
 def test_hostile_torch_zip_is_refused_naming_the_global(tmp_path, tiny_model, capsys):

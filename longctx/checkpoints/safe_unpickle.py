@@ -62,6 +62,11 @@ def load_tensors_file(path: str | Path, mmap: bool = False) -> Any:
     except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as err:
         reason = "an incomplete zip archive" if zipped else "not a zip archive: truncated or another kind"
         raise NotACheckpoint(_unreadable(path, reason)) from err
+    except (IndexError, KeyError, TypeError, AttributeError, AssertionError, OverflowError) as err:
+        # Random bytes drive the unpickler's stack machine into any of these (pop from an empty
+        # stack, a memo key never put): the file is not a pickle torch wrote.
+        reason = "an incomplete zip archive" if zipped else "not a zip archive: truncated or another kind"
+        raise NotACheckpoint(_unreadable(path, reason)) from err
 
 
 def _unreadable(path: Path, reason: str) -> str:
