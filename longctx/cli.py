@@ -51,6 +51,7 @@ from lightning.pytorch.cli import (
 )
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from longctx.callbacks import (
@@ -389,6 +390,7 @@ class LongCtxCLI(LightningCLI):
                 "--run_name, no $LONGCTX_RUN_NAME, no SLURM job id), so it would get a new timestamped "
                 "folder with nothing to resume: add --run_name NAME, the run to resume (runs/NAME)"
             )
+        check_trainer_settings(config.trainer)
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         run_name = config.get("run_name") or run_name_from_env()
         config.run_name = run_name
@@ -472,6 +474,33 @@ def _callback_configs(callbacks: Any) -> list[Namespace]:
     return [item for item in callbacks or [] if isinstance(item, Namespace)]
 
 
+# Trainer counts Lightning divides by, and what each one counts.
+TRAINER_COUNTS = {
+    "val_check_interval": "the training steps between two validations (an int >= 1), or the fraction "
+    "of an epoch between them (a float in (0, 1])",
+    "check_val_every_n_epoch": "the epochs between two validations (>= 1), or null to count steps "
+    "(val_check_interval)",
+    "accumulate_grad_batches": "the batches whose gradients make one optimizer step (>= 1; 1 "
+    "accumulates nothing)",
+}
+
+
+def check_trainer_settings(trainer: Namespace) -> None:
+    """Trainer settings Lightning takes without a word and then fails on, refused before anything
+    runs: a count it divides by (a zero was a ZeroDivisionError at the first step), a negative
+    clipping threshold (no clipping at all)."""
+    for name, meaning in TRAINER_COUNTS.items():
+        value = trainer.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(f"trainer.{name} {value}: give {meaning}")
+    clip = trainer.get("gradient_clip_val")
+    if isinstance(clip, int | float) and clip < 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val {clip}: give the clipping threshold (> 0), or null to clip nothing "
+            "(Lightning would skip clipping without a word)"
+        )
+
+
 def _check_checkpoint_names(trainer: Trainer) -> None:
     """Metric names like `val/bpc` in a checkpoint file name would create sub-directories."""
     for callback in trainer.callbacks:
@@ -509,7 +538,16 @@ def parser_only() -> LightningArgumentParser:
 
 
 # Bad input (the user's to fix) as opposed to a bug: printed as one line by `main`.
-USER_ERRORS = (ConfigError, ParseError, DataError, DataMismatch, DiskFullError, RunDirectoryBusy)
+# Lightning's MisconfigurationException is a setting it refuses (`trainer.limit_val_batches -1`).
+USER_ERRORS = (
+    ConfigError,
+    ParseError,
+    DataError,
+    DataMismatch,
+    DiskFullError,
+    RunDirectoryBusy,
+    MisconfigurationException,
+)
 
 
 def main(args: list[str] | None = None) -> LongCtxCLI:

@@ -7,11 +7,13 @@ every line tested here.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from jsonargparse import Namespace
 
-from longctx.cli import main
+from longctx.cli import ConfigError, check_trainer_settings, main
 from longctx.errors import DEBUG_ENV
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
@@ -93,5 +95,37 @@ def test_a_zero_size_on_the_command_line_is_one_line(capsys):
         main([*args, "--data.split_sources", "null", "--trainer.logger", "false"])
     assert info.value.code == (
         "error: model.init_args.network: TransformerXLConfig: n_heads must be at least 1, got 0"
+    )
+    assert "Traceback" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- trainer settings
+@pytest.mark.parametrize(
+    "setting, value, expected",
+    [
+        ("val_check_interval", 0, "trainer.val_check_interval 0: give the training steps between two"),
+        ("check_val_every_n_epoch", 0, "trainer.check_val_every_n_epoch 0: give the epochs between two"),
+        ("accumulate_grad_batches", 0, "trainer.accumulate_grad_batches 0: give the batches whose"),
+        ("gradient_clip_val", -1.0, "trainer.gradient_clip_val -1.0: give the clipping threshold (> 0),"),
+    ],
+)
+def test_a_trainer_count_lightning_divides_by_is_refused(setting, value, expected):
+    """Lightning takes these and fails at the first step (ZeroDivisionError) or, for a negative
+    clipping threshold, clips nothing."""
+    trainer = Namespace(val_check_interval=200, check_val_every_n_epoch=None, accumulate_grad_batches=1)
+    trainer[setting] = value
+    with pytest.raises(ConfigError, match=f"^{re.escape(expected)}"):
+        check_trainer_settings(trainer)
+    trainer[setting] = 0.5 if setting == "val_check_interval" else None  # a fraction of an epoch; null
+    check_trainer_settings(trainer)
+
+
+def test_a_trainer_setting_lightning_refuses_is_one_line(capsys):
+    """Lightning's MisconfigurationException, as its one line (was a traceback)."""
+    args = ["fit", "--config", str(REPO / "configs" / "transformer_xl_tiny.yaml"), "--data.corpus", "sample"]
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--data.split_sources", "null", "--trainer.limit_val_batches", "-1"])
+    assert info.value.code == (
+        "error: You have passed invalid value -1 for limit_val_batches, it has to be in [0.0, 1.0] or an int."
     )
     assert "Traceback" not in capsys.readouterr().err
