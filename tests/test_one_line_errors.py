@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 from jsonargparse import Namespace
 
-from longctx.cli import ConfigError, check_trainer_settings, main
+from longctx.cli import ConfigError, check_trainer_settings, main, parser_only
 from longctx.errors import DEBUG_ENV
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.recurrence.hf import build_lm
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.window_transformer.network import WindowTransformer
+from longctx.parse_errors import ParseError
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_inner": 32}
@@ -129,3 +130,59 @@ def test_a_trainer_setting_lightning_refuses_is_one_line(capsys):
         "error: You have passed invalid value -1 for limit_val_batches, it has to be in [0.0, 1.0] or an int."
     )
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- config files
+@pytest.fixture(scope="module")
+def parser():
+    return parser_only()
+
+
+def parse_error(parser, args: list[str]) -> str:
+    with pytest.raises(ParseError) as info:
+        parser.parse_args(args)
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+FIX = "a config file maps settings to values, e.g. `trainer: {max_steps: 100}`"
+
+
+@pytest.mark.parametrize(
+    "text, holds",
+    [
+        ("", "is empty"),
+        ("# settings to come\n", "is empty"),
+        ("- a\n- b\n", "holds a list (\"['a', 'b']\"), not a mapping of settings"),
+        ("just a string\n", "holds a str ('just a string'), not a mapping of settings"),
+    ],
+)
+def test_a_config_file_that_holds_no_mapping_is_named(parser, tmp_path, text, holds):
+    """Was `error: Unexpected config:` (empty) and `error: b` (a list): neither named the file."""
+    (tmp_path / "c.yaml").write_text(text)
+    assert parse_error(parser, ["fit", "--config", "c.yaml"]) == f"config file c.yaml {holds}: {FIX}"
+
+
+def test_an_included_config_file_that_holds_no_mapping_is_named(parser, tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "c.yaml").write_text("trainer: empty.yaml\n")
+    assert parse_error(parser, ["fit", "--config", "c.yaml"]) == (
+        f"trainer: config file empty.yaml is empty or holds no mapping of settings: {FIX}"
+    )
+
+
+def test_configs_of_two_methods_composed_say_so(parser, tmp_path):
+    """The second config's class replaces the first's, whose settings stay (was: `no option
+    'dropatt' (did you mean dropout?)`, as if the second config had a typo)."""
+    configs = REPO / "configs"
+    xl, span = configs / "transformer_xl_tiny.yaml", configs / "adaptive_span_tiny.yaml"
+    assert parse_error(parser, ["fit", "--config", str(xl), "--config", str(span)]) == (
+        f"model: {span} builds the model AdaptiveSpanLM, but {xl} before it built TransformerXLLM, whose "
+        f"settings stay and do not fit AdaptiveSpanLM; compose configs of one method, or give {span} "
+        f"without {xl} (model.init_args.network: no option 'dropatt')"
+    )
+    typo = tmp_path / "typo.yaml"  # one method: a typo is still a typo
+    typo.write_text("model.init_args.network.dropatz: 0.1\n")
+    assert parse_error(parser, ["fit", "--config", str(xl), "--config", str(typo)]) == (
+        "model.init_args.network: no option 'dropatz' (did you mean dropatt or dropout?)"
+    )
