@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx import run_layout
-from longctx.errors import OneLineArgumentParser, one_line, reported_as_one_line
+from longctx.errors import OneLineArgumentParser, one_line, read_utf8, reported_as_one_line
 from longctx.run_layout import SUMMARY
 
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
@@ -54,7 +54,10 @@ LAUNCH_FLAGS = ("--trainer.devices", "--trainer.num_nodes")
 def run_lines(path: Path) -> list[list[str]]:
     """The runs of a sweep file, each as an argument list."""
     runs = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    text = read_utf8(
+        path, "a sweep file is text, one command per line (e.g. `fit --config C.yaml --run_name r`)"
+    )
+    for number, line in enumerate(text.splitlines(), start=1):
         try:
             args = shlex.split(line, comments=True)
         except ValueError as err:

@@ -14,13 +14,14 @@ import pytest
 from jsonargparse import Namespace
 
 from longctx.cli import ConfigError, check_trainer_settings, main, parser_only
-from longctx.errors import DEBUG_ENV
+from longctx.errors import DEBUG_ENV, NotText
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.recurrence.hf import build_lm
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.window_transformer.network import WindowTransformer
 from longctx.parse_errors import ParseError
+from longctx.sweep import main as sweep_main
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_inner": 32}
@@ -185,4 +186,18 @@ def test_configs_of_two_methods_composed_say_so(parser, tmp_path):
     typo.write_text("model.init_args.network.dropatz: 0.1\n")
     assert parse_error(parser, ["fit", "--config", str(xl), "--config", str(typo)]) == (
         "model.init_args.network: no option 'dropatz' (did you mean dropatt or dropout?)"
+    )
+
+
+# ---------------------------------------------------------------------------------- sweep files
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_a_sweep_file_that_is_not_text_is_named(tmp_path, command):
+    """Was `error: 'utf-8' codec can't decode byte 0xe9 in position 20: ...`, without the file."""
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_bytes(b"fit --config a.yaml\n\xe9t\xe9\n")
+    with pytest.raises(NotText) as info:
+        sweep_main([command, str(sweep)])
+    assert str(info.value) == (
+        f"{sweep} is not UTF-8 text (line 2: byte 20 is b'\\xe9'); a sweep file is text, one command per "
+        "line (e.g. `fit --config C.yaml --run_name r`)"
     )
