@@ -54,6 +54,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from longctx.atomic import unwritable_ancestor
 from longctx.callbacks import (
     CheckpointOnSigterm,
     DivergenceError,
@@ -170,10 +171,9 @@ def keep_wandb_in(run_dir: Path) -> None:
 def check_writable(run_dir: Path) -> None:
     """The run directory, or the folder it will be created in, must be writable: checkpoints, records
     and W&B's files go there (W&B would otherwise fall back to the system temp folder)."""
-    existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
-    if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+    if (blocked := unwritable_ancestor(run_dir)) is not None:
         raise ConfigError(
-            f"run directory {run_dir} cannot be written ({existing} is not a writable folder): set "
+            f"run directory {run_dir} cannot be written ({blocked} is not a writable folder): set "
             "--trainer.default_root_dir to a folder you can write"
         )
 

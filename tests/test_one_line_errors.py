@@ -7,12 +7,16 @@ every line tested here.
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 from jsonargparse import Namespace
 
+from longctx import report
 from longctx.cli import ConfigError, check_trainer_settings, main, parser_only
 from longctx.errors import DEBUG_ENV, NotText
 from longctx.methods.adaptive_span.network import SpanTransformer
@@ -21,6 +25,7 @@ from longctx.methods.recurrence.hf import build_lm
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.window_transformer.network import WindowTransformer
 from longctx.parse_errors import ParseError
+from longctx.report import main as report_main
 from longctx.sweep import main as sweep_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,3 +206,41 @@ def test_a_sweep_file_that_is_not_text_is_named(tmp_path, command):
         f"{sweep} is not UTF-8 text (line 2: byte 20 is b'\\xe9'); a sweep file is text, one command per "
         "line (e.g. `fit --config C.yaml --run_name r`)"
     )
+
+
+# ---------------------------------------------------------------------------------- report --out
+OUT_FIX = "give --out a folder you can write (it is made if missing)"
+
+
+def test_report_out_that_is_a_file_or_under_one_is_one_line(tmp_path):
+    """Was a FileExistsError / NotADirectoryError traceback."""
+    (tmp_path / "notes").write_text("")
+    for out, expected in (
+        ("notes", f"error: --out notes is a file, not a folder; {OUT_FIX}"),
+        ("notes/report", f"error: --out notes/report: notes is a file, not a folder; {OUT_FIX}"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            report_main(["runs/a", "--out", out])
+        assert info.value.code == expected
+
+
+def test_report_out_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """A read-only folder (os.access says so, as for a user without the permission; this suite may
+    run as root) or a write that fails (a read-only mount) was a PermissionError / OSError traceback."""
+    run_dir = tmp_path / "runs" / "a"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"status": "finished", "metrics": {"test/bpb": 1.0}}))
+    (tmp_path / "shared").mkdir()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "access", lambda path, mode: Path(path).name != "shared")
+        with pytest.raises(SystemExit) as info:
+            report_main(["runs/a", "--out", "shared"])
+    assert info.value.code == f"error: --out shared is a folder you cannot write in; {OUT_FIX}"
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(report, "write_text_atomic", read_only)
+    with pytest.raises(SystemExit) as info:
+        report_main(["runs/a", "--out", "shared"])
+    assert info.value.code == f"error: cannot write the report into shared (Read-only file system): {OUT_FIX}"
