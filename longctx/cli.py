@@ -73,7 +73,7 @@ from longctx.core.data_facts import DataMismatch
 from longctx.core.knob_groups import group_types
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
-from longctx.errors import debug_enabled, exit_with_error
+from longctx.errors import BadInput, debug_enabled, exit_with_error
 from longctx.parse_errors import OneLineParser, ParseError
 from longctx.run_layout import CONFIG, checkpoint_dir, run_directory
 from longctx.run_lock import RunDirectoryBusy, lock_if_launching
@@ -540,6 +540,7 @@ def parser_only() -> LightningArgumentParser:
 # Bad input (the user's to fix) as opposed to a bug: printed as one line by `main`.
 # Lightning's MisconfigurationException is a setting it refuses (`trainer.limit_val_batches -1`).
 USER_ERRORS = (
+    BadInput,
     ConfigError,
     ParseError,
     DataError,

@@ -29,7 +29,12 @@ def one_line(message: object) -> str:
     return " ".join(str(message).split())
 
 
-class NotText(ValueError):
+class BadInput(ValueError):
+    """A setting, file or command line the user gave that cannot work, found after parsing (e.g. by a
+    data stream or an evaluation command); every entry point prints it as its one line."""
+
+
+class NotText(BadInput):
     """A file that should be UTF-8 text is not (the message names it, the line and the byte)."""
 
 

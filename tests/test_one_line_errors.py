@@ -12,21 +12,24 @@ import json
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from jsonargparse import Namespace
 
 from longctx import report
 from longctx.cli import ConfigError, check_trainer_settings, main, parser_only
-from longctx.errors import DEBUG_ENV, NotText
+from longctx.errors import DEBUG_ENV, BadInput, NotText
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.recurrence.hf import build_lm
+from longctx.methods.recurrence.overlaps import check_overlaps
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.window_transformer.network import WindowTransformer
 from longctx.parse_errors import ParseError
 from longctx.report import main as report_main
 from longctx.sweep import main as sweep_main
+from tests.lm_fixtures import CarryLM
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_inner": 32}
@@ -244,3 +247,60 @@ def test_report_out_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as info:
         report_main(["runs/a", "--out", "shared"])
     assert info.value.code == f"error: cannot write the report into shared (Read-only file system): {OUT_FIX}"
+
+
+# ---------------------------------------------------------------------------------- resuming, overlaps
+@pytest.fixture(scope="module")
+def xl_run(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A 2-step fit of the tiny XL on the sample text (runs/xl), and its flags."""
+    root = tmp_path_factory.mktemp("xl_run")
+    flags = [
+        "--config", str(REPO / "configs" / "transformer_xl_tiny.yaml"), "--data.corpus", "sample",
+        "--data.split_sources", "null", "--data.cache_dir", str(root / "cache"),
+        "--trainer.default_root_dir", str(root / "runs"), "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "1",
+        "--model.init_args.network.n_layers", "1", "--model.init_args.network.d_inner", "64",
+        "--trainer.callbacks", str(REPO / "configs" / "base" / "callbacks" / "val_loss_no_lr_monitor.yaml"),
+    ]  # fmt: skip
+    main(["fit", *flags, "--trainer.max_steps", "2", "--run_name", "xl"])
+    return root, flags
+
+
+@pytest.mark.slow  # a fit and a resume through the CLI, ~20 s
+def test_resuming_with_another_segment_length_is_one_line(xl_run, capsys):
+    """Was a ValueError traceback ("seq_len=32, this run seq_len=48")."""
+    _, flags = xl_run
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *flags, "--ckpt_path", "last", "--run_name", "xl", "--data.tgt_len", "48"])
+    assert info.value.code == (
+        "error: the checkpoint's training stream was cut with data.tgt_len 32, this run has 48: the stream "
+        "cannot resume where it stopped with another layout; resume with --data.tgt_len 32, or start a "
+        "fresh run (another --run_name, no --ckpt_path)"
+    )
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.slow  # with the fit of `xl_run`
+def test_evaluate_overlaps_of_a_segment_model_is_one_line(xl_run):
+    """evaluate_overlaps is for windowed GPT-2 models; was a ValueError traceback."""
+    root, flags = xl_run
+    ckpt = str(root / "runs" / "xl" / "checkpoints" / "last.ckpt")
+    with pytest.raises(SystemExit) as info:
+        main(["evaluate_overlaps", *flags, "--ckpt_path", ckpt, "--run_name", "overlaps"])
+    assert info.value.code == (
+        "error: evaluate_overlaps evaluates windowed models (data.mode: windows, the GPT-2 configs such as "
+        "configs/gpt2_window_tiny.yaml), and TransformerXLLM reads segments: evaluate it with validate or "
+        "test, or sweep its context with `python -m longctx context`"
+    )
+
+
+@pytest.mark.parametrize("overlaps, bad", [([-1, 8], "-1 out of range"), ([0, 16], "16 out of range"),
+                                           ([], "no overlap given")])  # fmt: skip
+def test_an_overlap_the_window_cannot_take_is_one_line_before_any_evaluation(overlaps, bad):
+    data = SimpleNamespace(mode="windows", eval_tgt_len=16)  # what the check reads of LMDataModule
+    with pytest.raises(BadInput) as info:
+        check_overlaps(CarryLM(), data, overlaps)
+    assert str(info.value) == (
+        f"--overlaps {overlaps}: {bad}; each overlap o must satisfy 0 <= o < the window (data.eval_tgt_len "
+        "16), so that the stride window - o is positive; e.g. --overlaps '[0,4,8,12]'"
+    )
