@@ -66,7 +66,7 @@ from longctx.callbacks import (
 from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoints.fit_check import check_checkpoint_fits
-from longctx.checkpoints.saving import DiskFullError, use_atomic_checkpoints
+from longctx.checkpoints.saving import RUN_FILE_FIX, DiskFullError, use_atomic_checkpoints, write_whole
 from longctx.commands import TRAINER_COMMANDS, load
 from longctx.core.base import LMBase
 from longctx.core.data_facts import DataMismatch
@@ -183,7 +183,13 @@ MIN_SUMMARIES = ("val/loss", "val/bpc", "val/ppl", "val/word_ppl")
 
 
 class LoggedConfigCallback(SaveConfigCallback):
-    """Saves the resolved config in the run directory and logs it, with the git revision, to W&B."""
+    """Saves the resolved config in the run directory and logs it, with the git revision, to W&B.
+
+    `config.yaml` is written whole or not at all, replacing an earlier one (a requeued run writes
+    into its own run directory again); a full disk is one line (`DiskFullError`), never a truncated
+    file (jsonargparse's `save` writes in place)."""
+
+    _config_path: Path | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Record the settings the trainer resolved, with a warning at most: the precision (`16-mixed`
@@ -194,9 +200,19 @@ class LoggedConfigCallback(SaveConfigCallback):
             self.config.trainer.precision = trainer.precision
             if stage == TrainerFn.FITTING:
                 self.config.trainer.max_epochs = trainer.fit_loop.max_epochs
-        super().setup(trainer, pl_module, stage)
+        save_to_log_dir = self.save_to_log_dir
+        if save_to_log_dir and not self.already_saved:
+            self._config_path = Path(trainer.log_dir) / self.config_filename  # log_dir: on every rank
+        self.save_to_log_dir = False  # Lightning's setup then leaves the file to `save_config`
+        try:
+            super().setup(trainer, pl_module, stage)
+        finally:
+            self.save_to_log_dir = save_to_log_dir
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._config_path is not None:  # rank zero only, as Lightning calls this
+            text = self.parser.dump(self.config, skip_none=False)
+            write_whole(self._config_path, text.encode(), "the run's config", RUN_FILE_FIX)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 experiment = logger.experiment

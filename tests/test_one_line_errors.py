@@ -304,3 +304,29 @@ def test_an_overlap_the_window_cannot_take_is_one_line_before_any_evaluation(ove
         f"--overlaps {overlaps}: {bad}; each overlap o must satisfy 0 <= o < the window (data.eval_tgt_len "
         "16), so that the stride window - o is positive; e.g. --overlaps '[0,4,8,12]'"
     )
+
+
+# ---------------------------------------------------------------------------------- a full disk
+def test_a_disk_that_fills_before_the_config_is_written_is_one_line(tmp_path, monkeypatch, capsys):
+    """`config.yaml` is the run's first file: a full disk there was a 249-line traceback, and
+    jsonargparse's `save` would leave a truncated file under the name."""
+    real_open = Path.open
+
+    def full(path: Path, mode: str = "r", *args, **kwargs):
+        if "config.yaml" in path.name and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", full)
+    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--trainer.logger", "false"]
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--trainer.max_steps", "1", "--run_name", "full"])
+    message = str(info.value.code)
+    assert message.startswith("error: disk full writing the run's config runs/full/config.yaml: it needs ")
+    assert message.endswith(
+        "free there (or a quota is reached); nothing was written under that name. Free some space, or put "
+        "the run on a larger disk (--trainer.default_root_dir)"
+    )
+    assert not (tmp_path / "runs" / "full" / "config.yaml").exists()
+    assert [p.name for p in (tmp_path / "runs" / "full").glob("*config.yaml*")] == []
+    assert "Traceback" not in capsys.readouterr().err
