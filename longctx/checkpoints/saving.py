@@ -41,8 +41,8 @@ class DiskFullError(OSError):
 
 
 def readable_size(size: int) -> str:
-    """`size` bytes in GB, MB or kB (one decimal), or in bytes."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    """`size` bytes in TB, GB, MB or kB (one decimal), or in bytes."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if size >= scale:
             return f"{size / scale:,.1f} {unit}"
     return f"{size} bytes"
