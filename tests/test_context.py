@@ -343,7 +343,8 @@ def test_the_estimate_covers_the_memory_a_transformer_xl_evaluation_holds():
 
 @pytest.mark.slow  # two context commands through the CLI
 def test_ctrl_c_keeps_the_finished_points_and_exits_130(xl_checkpoint, monkeypatch, capsys):
-    """Was exit 1, no longctx line, and every finished point lost (the table was written at the end)."""
+    """Was exit 1, no longctx line, and every finished point lost (the table was written at the end).
+    A point that runs out of memory keeps those before it, too."""
     flags = xl_checkpoint
     command = ["--config", flags[1], "--ckpt_path", "xl.ckpt", "--name", "xl", "--lengths", "0", "8", "16",
                "--run_name", "ctx", "--", *flags[2:]]  # fmt: skip
@@ -368,6 +369,19 @@ def test_ctrl_c_keeps_the_finished_points_and_exits_130(xl_checkpoint, monkeypat
     assert [(row["model"], row["context_length"]) for row in read_csv(table)] == [("xl", "0"), ("xl", "8")]
     context_main(command)  # the same command again evaluates every point
     assert [row["context_length"] for row in read_csv(table)] == ["0", "8", "16"]
+
+    def out_of_memory_at_16(self, *args, **kwargs):
+        if self.eval_lengths.mem_len == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return validation_step(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch, pytest.raises(SystemExit) as info:
+        patch.setattr(TransformerXLLM, "validation_step", out_of_memory_at_16)
+        context_main(command)
+    assert info.value.code == (
+        "error: xl at memory length 16: out of memory (CUDA out of memory. Tried to allocate 20.00 GiB); "
+        f"give shorter lengths or lower data.eval_batch_size (the points finished before are in {table})"
+    )
 
 
 def write_config(path: Path, base: str, overrides: dict) -> str:

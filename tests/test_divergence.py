@@ -103,6 +103,12 @@ def test_the_per_step_check_holds_no_host_sync():
     assert step.device.type == value.device.type == "meta"
     with pytest.raises(RuntimeError):  # what a per-step read would do
         float(value)
+    # Where a NaN came from: a step keeps references and a flag on the device, read only at a read step.
+    module = CarryLM()
+    stop.on_train_batch_start(trainer, module, {"input": torch.empty(2, 4, device="meta")}, 0)
+    stop.on_before_backward(trainer, module, torch.empty((), device="meta"))
+    assert stop._micro_batches[0].nonfinite.device.type == "meta"
+    stop.on_before_optimizer_step(trainer, module, None)  # step 8 of every 50: not read, nothing raised
 
 
 def test_the_advice_fits_the_trainer():
