@@ -340,6 +340,13 @@ class LongCtxCLI(LightningCLI):
             )
         self.trainer.callbacks.append(TokenNLLWriter())
 
+    def _set_seed(self) -> None:
+        """LightningCLI's, with a seed numpy cannot take (`--seed_everything -1`) as one line."""
+        try:
+            super()._set_seed()
+        except ValueError as err:
+            raise ConfigError(f"seed_everything: {err}") from err
+
     def _parse_ckpt_path(self) -> None:
         """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters
         saved in `--ckpt_path` over them, so evaluation settings (memory length, TRAMS, protocol)

@@ -330,3 +330,12 @@ def test_a_disk_that_fills_before_the_config_is_written_is_one_line(tmp_path, mo
     assert not (tmp_path / "runs" / "full" / "config.yaml").exists()
     assert [p.name for p in (tmp_path / "runs" / "full").glob("*config.yaml*")] == []
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_seed_numpy_cannot_take_is_one_line():
+    """Was a ValueError traceback from LightningCLI's seeding."""
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--seed_everything", "-1"])
+    assert (
+        info.value.code == "error: seed_everything: -1 is not in bounds, numpy accepts from 0 to 4294967295"
+    )
