@@ -56,8 +56,10 @@ from lightning.pytorch.cli import (
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from longctx.atomic import unwritable_ancestor
 from longctx.callbacks import (
     CheckpointOnSigterm,
     DivergenceError,
@@ -71,7 +73,7 @@ from longctx.callbacks.run_record import run_record
 from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoints.fit_check import check_checkpoint_fits
-from longctx.checkpoints.saving import DiskFullError, use_atomic_checkpoints
+from longctx.checkpoints.saving import RUN_FILE_FIX, DiskFullError, use_atomic_checkpoints, write_whole
 from longctx.commands import TRAINER_COMMANDS, load
 from longctx.config_digest import config_digest
 from longctx.core.base import LMBase
@@ -79,7 +81,7 @@ from longctx.core.data_facts import DataMismatch
 from longctx.core.knob_groups import group_types
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
-from longctx.errors import debug_enabled, exit_with_error
+from longctx.errors import BadInput, debug_enabled, exit_with_error
 from longctx.parse_errors import OneLineParser, ParseError
 from longctx.run_folder import held_run, move_aside, undone_if_refused
 from longctx.run_layout import CONFIG, WANDB, checkpoint_dir, run_directory
@@ -178,10 +180,9 @@ def keep_wandb_in(run_dir: Path) -> None:
 def check_writable(run_dir: Path) -> None:
     """The run directory, or the folder it will be created in, must be writable: checkpoints, records
     and W&B's files go there (W&B would otherwise fall back to the system temp folder)."""
-    existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
-    if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+    if (blocked := unwritable_ancestor(run_dir)) is not None:
         raise ConfigError(
-            f"run directory {run_dir} cannot be written ({existing} is not a writable folder): set "
+            f"run directory {run_dir} cannot be written ({blocked} is not a writable folder): set "
             "--trainer.default_root_dir to a folder you can write"
         )
 
@@ -193,7 +194,13 @@ MIN_SUMMARIES = ("val/loss", "val/bpc", "val/ppl", "val/word_ppl")
 class LoggedConfigCallback(SaveConfigCallback):
     """Saves the resolved config in the run directory and logs it, with the git revision, to W&B,
     when the command's work starts (after its setup and checkpoint loading): a command refused
-    while it sets up leaves the `config.yaml` of the run already in the folder as it was."""
+    while it sets up leaves the `config.yaml` of the run already in the folder as it was.
+
+    `config.yaml` is written whole or not at all, replacing an earlier one (a requeued run writes
+    into its own run directory again); a full disk is one line (`DiskFullError`), never a truncated
+    file (jsonargparse's `save` writes in place)."""
+
+    _config_path: Path | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Record the settings the trainer resolved, with a warning at most: the precision (`16-mixed`
@@ -207,16 +214,30 @@ class LoggedConfigCallback(SaveConfigCallback):
         self.stage = stage
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().setup(trainer, pl_module, self.stage)
+        self._save_now(trainer, pl_module)
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:
-            super().setup(trainer, pl_module, self.stage)
+            self._save_now(trainer, pl_module)
 
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().setup(trainer, pl_module, self.stage)
+        self._save_now(trainer, pl_module)
+
+    def _save_now(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Lightning's setup (ranks in step, W&B logging) with the file left to `save_config`."""
+        save_to_log_dir = self.save_to_log_dir
+        if save_to_log_dir and not self.already_saved:
+            self._config_path = Path(trainer.log_dir) / self.config_filename  # log_dir: on every rank
+        self.save_to_log_dir = False
+        try:
+            super().setup(trainer, pl_module, self.stage)
+        finally:
+            self.save_to_log_dir = save_to_log_dir
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._config_path is not None:  # rank zero only, as Lightning calls this
+            text = self.parser.dump(self.config, skip_none=False)
+            write_whole(self._config_path, text.encode(), "the run's config", RUN_FILE_FIX)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 experiment = logger.experiment
@@ -357,6 +378,13 @@ class LongCtxCLI(LightningCLI):
             )
         self.trainer.callbacks.append(TokenNLLWriter())
 
+    def _set_seed(self) -> None:
+        """LightningCLI's, with a seed numpy cannot take (`--seed_everything -1`) as one line."""
+        try:
+            super()._set_seed()
+        except ValueError as err:
+            raise ConfigError(f"seed_everything: {err}") from err
+
     def _parse_ckpt_path(self) -> None:
         """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters
         saved in `--ckpt_path` over them, so evaluation settings (memory length, TRAMS, protocol)
@@ -437,6 +465,7 @@ class LongCtxCLI(LightningCLI):
                 f"--overwrite_run applies to fit (a new run in a folder that holds one); {self.subcommand} "
                 "adds its results to the run directory and replaces only its own earlier ones"
             )
+        check_trainer_settings(config.trainer)
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         run_name = config.get("run_name") or run_name_from_env()
         config.run_name = run_name
@@ -562,6 +591,33 @@ def _callback_configs(callbacks: Any) -> list[Namespace]:
     return [item for item in callbacks or [] if isinstance(item, Namespace)]
 
 
+# Trainer counts Lightning divides by, and what each one counts.
+TRAINER_COUNTS = {
+    "val_check_interval": "the training steps between two validations (an int >= 1), or the fraction "
+    "of an epoch between them (a float in (0, 1])",
+    "check_val_every_n_epoch": "the epochs between two validations (>= 1), or null to count steps "
+    "(val_check_interval)",
+    "accumulate_grad_batches": "the batches whose gradients make one optimizer step (>= 1; 1 "
+    "accumulates nothing)",
+}
+
+
+def check_trainer_settings(trainer: Namespace) -> None:
+    """Trainer settings Lightning takes without a word and then fails on, refused before anything
+    runs: a count it divides by (a zero was a ZeroDivisionError at the first step), a negative
+    clipping threshold (no clipping at all)."""
+    for name, meaning in TRAINER_COUNTS.items():
+        value = trainer.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(f"trainer.{name} {value}: give {meaning}")
+    clip = trainer.get("gradient_clip_val")
+    if isinstance(clip, int | float) and clip < 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val {clip}: give the clipping threshold (> 0), or null to clip nothing "
+            "(Lightning would skip clipping without a word)"
+        )
+
+
 def _check_checkpoint_names(trainer: Trainer) -> None:
     """Metric names like `val/bpc` in a checkpoint file name would create sub-directories."""
     for callback in trainer.callbacks:
@@ -599,7 +655,17 @@ def parser_only() -> LightningArgumentParser:
 
 
 # Bad input (the user's to fix) as opposed to a bug: printed as one line by `main`.
-USER_ERRORS = (ConfigError, ParseError, DataError, DataMismatch, DiskFullError, RunDirectoryBusy)
+# Lightning's MisconfigurationException is a setting it refuses (`trainer.limit_val_batches -1`).
+USER_ERRORS = (
+    BadInput,
+    ConfigError,
+    ParseError,
+    DataError,
+    DataMismatch,
+    DiskFullError,
+    RunDirectoryBusy,
+    MisconfigurationException,
+)
 
 
 def main(args: list[str] | None = None) -> LongCtxCLI:

@@ -59,7 +59,7 @@ from matplotlib.lines import Line2D
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from longctx.atomic import atomic_path, write_text_atomic
+from longctx.atomic import atomic_path, unwritable_ancestor, write_text_atomic
 from longctx.diagnostics import recall
 from longctx.diagnostics.long_range import marked_losses, recl
 from longctx.errors import OneLineArgumentParser
@@ -646,6 +646,17 @@ def log_to_wandb(
         run.finish()
 
 
+OUT_FIX = "give --out a folder you can write (it is made if missing)"
+
+
+def check_out(out: Path) -> None:
+    """`--out` is a folder this process can write in, or can make: one line before anything else."""
+    if (blocked := unwritable_ancestor(out)) is not None:
+        what = "a file, not a folder" if not blocked.is_dir() else "a folder you cannot write in"
+        where = "" if blocked == out else f": {blocked} is {what}"
+        sys.exit(f"error: --out {out}{where or f' is {what}'}; {OUT_FIX}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = OneLineArgumentParser(  # bad arguments: one line, the usage only with --help
         prog="python -m longctx report", description="Table and figures from longctx run directories."
@@ -658,10 +669,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--wandb", action="store_true", help="also log the table and figures to W&B")
     args = parser.parse_args(argv)
+    check_out(args.out)
     try:
         rows, figures = write_report(args.run_dirs, args.out)
     except FileNotFoundError as err:
         sys.exit(f"error: {err}")
+    except OSError as err:  # a read-only mount, a full disk: found only when writing
+        sys.exit(f"error: cannot write the report into {args.out} ({err.strerror}): {OUT_FIX}")
     log_to_wandb(rows, figures, start=args.wandb, out=args.out)
     print(f"wrote {args.out}/report.md, report.csv and {len(figures)} figures for {len(rows)} runs")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -296,6 +297,13 @@ class Command:
 
 
 @contextmanager
+def _is_ctrl_c(error: BaseException) -> bool:
+    """Ctrl-C, as Python raises it or as a command turned it into its exit code 130."""
+    return isinstance(error, KeyboardInterrupt) or (
+        isinstance(error, SystemExit) and error.code == 128 + signal.SIGINT
+    )
+
+
 def command_in(run_dir: Path | str, command: list[str]) -> Iterator[Command]:
     """Run a command (`command[0]` its name) in `run_dir`, holding the folder's lock: left as found if
     it fails before `start()`, else recorded in `summary.json` however it ends (`finished`,
@@ -308,7 +316,7 @@ def command_in(run_dir: Path | str, command: list[str]) -> Iterator[Command]:
             yield running
         except BaseException as error:
             if running.started:
-                status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+                status = "interrupted" if _is_ctrl_c(error) else "failed"
                 error_line = one_line(f"{type(error).__name__}: {error}")
                 record_command(run_dir, command[0], command, status, ledger, error=error_line)
             raise

@@ -52,7 +52,7 @@ from typing import Any
 
 from longctx import run_layout
 from longctx.config_digest import config_digest
-from longctx.errors import OneLineArgumentParser, one_line, reported_as_one_line
+from longctx.errors import OneLineArgumentParser, one_line, read_utf8, reported_as_one_line
 from longctx.run_folder import held_run, read_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
@@ -66,7 +66,10 @@ CONTINUE = ("--ckpt_path", "last")
 def run_lines(path: Path) -> list[list[str]]:
     """The runs of a sweep file, each as an argument list."""
     runs = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    text = read_utf8(
+        path, "a sweep file is text, one command per line (e.g. `fit --config C.yaml --run_name r`)"
+    )
+    for number, line in enumerate(text.splitlines(), start=1):
         try:
             args = shlex.split(line, comments=True)
         except ValueError as err:
