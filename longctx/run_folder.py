@@ -296,7 +296,6 @@ class Command:
         self.started = True
 
 
-@contextmanager
 def _is_ctrl_c(error: BaseException) -> bool:
     """Ctrl-C, as Python raises it or as a command turned it into its exit code 130."""
     return isinstance(error, KeyboardInterrupt) or (
@@ -304,6 +303,7 @@ def _is_ctrl_c(error: BaseException) -> bool:
     )
 
 
+@contextmanager
 def command_in(run_dir: Path | str, command: list[str]) -> Iterator[Command]:
     """Run a command (`command[0]` its name) in `run_dir`, holding the folder's lock: left as found if
     it fails before `start()`, else recorded in `summary.json` however it ends (`finished`,
