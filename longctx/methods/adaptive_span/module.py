@@ -23,6 +23,8 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.recall import target_is_argmax
+from longctx.diagnostics.footprint import feed_forward_elements
 from longctx.methods.adaptive_span import flops as span_flops
 from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
@@ -92,6 +94,7 @@ class AdaptiveSpanLM(LMBase):
         x = batch["input"]
         out = self.net(x, memory, span_cap=None if self.training else self.eval_span_cap)
         nll = F.cross_entropy(out.logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, M)
+        correct = target_is_argmax(out.logits, batch["target"]) if self.wants_correct else None
         extra_loss = None
         logs: dict[str, Tensor | float] = {}
         if out.spans:  # per layer (H,): kept on the device for `head_spans` (no sync per step)
@@ -100,7 +103,7 @@ class AdaptiveSpanLM(LMBase):
             if out.penalty is not None:
                 extra_loss = self.span_loss * out.penalty
             logs = self._span_logs(out)
-        return StepOutput(nll=nll, memory=out.cache, extra_loss=extra_loss, logs=logs)
+        return StepOutput(nll=nll, memory=out.cache, extra_loss=extra_loss, logs=logs, correct=correct)
 
     def _span_logs(self, out: SpanTransformerOutput) -> dict[str, Tensor | float]:
         """The spans, two ways, plus the penalty and the attended length.
@@ -149,6 +152,20 @@ class AdaptiveSpanLM(LMBase):
         if config.span == "dynamic" and self._last_spans:
             return [z.float().cpu() for z in self._last_spans]
         return [torch.full((config.n_heads,), float(config.attn_span)) for _ in self.net.layers]
+
+    def state_size(self) -> int:
+        """cap·d numbers per layer: the cached states the farthest query may attend at evaluation
+        (`eval_span_cap`, else the maximum span S). Learned spans may use fewer; the cache holds S."""
+        config = self.net.config
+        return (self.eval_span_cap or config.attn_span) * config.d_model
+
+    def evaluation_elements(self, batch_size: int, length: int) -> int:
+        """Each layer's cache and the block's keys and values over the largest span S (or the cap),
+        and a query chunk's scores (`footprint`)."""
+        c, B = self.net.config, batch_size
+        S, chunk = self.eval_span_cap or c.attn_span, min(c.chunk_size, length)
+        cache = c.n_layers * B * (S + length) * 3 * c.d_model + 3 * B * c.n_heads * chunk * (S + chunk)
+        return cache + feed_forward_elements(B, length, c.d_model, c.d_inner)
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per token with each head over its own span (z + R, at most S; `flops.py`),
