@@ -34,6 +34,7 @@ from torch import Tensor
 
 from longctx.core.base import LMBase
 from longctx.methods.transformer_xl import flops as xl_flops
+from longctx.methods.transformer_xl.memory import MemoryLengths
 
 Mode = Literal["train", "eval"]
 MODES: tuple[Mode, ...] = ("train", "eval")
@@ -114,7 +115,8 @@ def adaptive_softmax_macs(lm: LMBase, targets: Tensor) -> float:
     (`ProjectedAdaptiveLogSoftmax.forward`): every target the head (shortlist + one logit per
     cluster), a target in tail cluster i also that cluster's logits, each after its projection
     (when d_embed ≠ d_model or div_val > 1)."""
-    c, vocab, cutoffs = lm.net.config, lm.vocab_size, lm.cutoffs
+    c, vocab = lm.net.config, lm.vocab_size
+    cutoffs = c.cutoffs
     d_embed = c.d_embed or c.d_model
     ends = [0, *cutoffs, vocab]
     targets = targets.flatten().to("cpu")
@@ -134,10 +136,10 @@ def adaptive_softmax_macs(lm: LMBase, targets: Tensor) -> float:
 def output_layer_correction(lm: LMBase, targets: Tensor) -> float:
     """FLOPs per token to add to an XL-family count for the output layer as computed for `targets`
     (0 for a full softmax, which `flops.py` counts exactly, and for the other methods)."""
-    if not getattr(lm, "cutoffs", None):
+    c = getattr(getattr(lm, "net", None), "config", None)
+    if not getattr(c, "cutoffs", None):
         return 0.0
-    c = lm.net.config
-    upper_bound = xl_flops.output_macs(c.d_model, lm.vocab_size, lm.cutoffs, c.d_embed, c.div_val)
+    upper_bound = xl_flops.output_macs(c.d_model, lm.vocab_size, c.cutoffs, c.d_embed, c.div_val)
     return 2 * (adaptive_softmax_macs(lm, targets) - upper_bound)
 
 
@@ -152,13 +154,9 @@ def compressive_cache_correction(lm: LMBase, mode: Mode, step: Step) -> float:
     c, lengths = lm.net.config, lm.eval_lengths
 
     def reprojected(slots: float) -> float:
-        sizes = dict(
-            n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.head_dim, d_inner=c.d_inner,
-            vocab_size=lm.vocab_size, segment_length=step.length, memory_length=slots,
-        )  # fmt: skip
-        return xl_flops.flops_per_token(**sizes, cache_kv=False) - xl_flops.flops_per_token(
-            **sizes, cache_kv=True
-        )
+        memory = MemoryLengths(mem_len=slots)  # the output layer's count cancels in the difference
+        uncached = xl_flops.flops_per_token(c, lm.vocab_size, memory, step.length, cache_kv=False)
+        return uncached - xl_flops.flops_per_token(c, lm.vocab_size, memory, step.length, cache_kv=True)
 
     return reprojected(step.length / c.compression_rate) - reprojected(lengths.mem_len + lengths.cmem_len)
 
