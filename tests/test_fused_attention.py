@@ -82,6 +82,18 @@ def assert_equal_runs(eager, fused, eager_grads, fused_grads) -> None:
         torch.testing.assert_close(fused_grads[name], grad, **TOL, msg=lambda m, name=name: f"{name}: {m}")
 
 
+def test_split_heads_gives_each_head_its_block_of_columns_and_merge_heads_undoes_it():
+    """Head h of a projection (..., T, H·Dh) is its columns h·Dh … (h+1)·Dh − 1, for a batch of
+    sequences and for position rows alike; merging the heads gives the projection back."""
+    H, Dh = 3, 4
+    for x in (torch.randn(2, 5, H * Dh), torch.randn(5, H * Dh)):
+        heads = attention_kernel.split_heads(x, H)  # (..., H, T, Dh)
+        assert heads.shape == (*x.shape[:-2], H, x.shape[-2], Dh)
+        for h in range(H):
+            assert torch.equal(heads[..., h, :, :], x[..., h * Dh : (h + 1) * Dh])
+        assert torch.equal(attention_kernel.merge_heads(heads), x)
+
+
 @pytest.mark.parametrize(
     ("mem_len", "same_length", "clamp_len"),
     [(0, False, 0), (3, False, 0), (6, True, 0), (6, False, 2), (5, True, 3)],

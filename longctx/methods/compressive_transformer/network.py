@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.core.knob_groups import network_config
-from longctx.methods.attention_kernel import at_least_float32
+from longctx.methods.attention_kernel import at_least_float32, split_heads
 from longctx.methods.compressive_transformer.compression import (
     COMPRESSIONS,
     CompressionKind,
@@ -215,7 +215,7 @@ def content_attention(attn: RelMultiHeadAttention, query: Tensor, memory: Tensor
     """attn(h, mem) of §3.2 (Algorithm 2) with the layer's weights detached: per head
     softmax(q kᵀ/√d_head) v over the valid memory slots, (B, H, n, Dh); LayerNorm first under pre-LN,
     as the layer does."""
-    H, Dh = attn.n_heads, attn.d_head
+    H = attn.n_heads
     w_q, w_k, w_v = (
         w.detach().flatten(0, 1) for w in (attn.query_weight(), attn.key_weight(), attn.value_weight())
     )
@@ -225,7 +225,7 @@ def content_attention(attn: RelMultiHeadAttention, query: Tensor, memory: Tensor
         query, memory = norm(query), norm(memory)
 
     def heads(t: Tensor, w: Tensor) -> Tensor:
-        return F.linear(t, w).view(*t.shape[:2], H, Dh).transpose(1, 2)
+        return split_heads(F.linear(t, w), H)  # (B, H, T, Dh)
 
     scores = heads(query, w_q) @ heads(memory, w_k).transpose(-1, -2) * attn.scale  # (B, H, n, e)
     scores = at_least_float32(scores).masked_fill(~valid[:, None, None, :], float("-inf"))

@@ -303,7 +303,3 @@ class TransformerXL(nn.Module):
     def nll(self, hidden: Tensor, target: Tensor) -> Tensor:
         """Per-token NLL in nats: hidden (B, n, d), target (B, n) -> (B, n)."""
         return self.crit(hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)).view(target.shape)
-
-    def log_prob(self, hidden: Tensor) -> Tensor:
-        """(B, n, d) -> (B, n, V) log-probabilities."""
-        return self.crit.log_prob(hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:-1], -1)

@@ -46,6 +46,8 @@ from longctx.methods.attention_kernel import (
     at_least_float32,
     check_attention_kernel,
     flex_or_sdpa,
+    merge_heads,
+    split_heads,
 )
 from longctx.methods.transformer_xl.flex_relative import distance_table, relative_flex_attention
 
@@ -196,10 +198,6 @@ class RelMultiHeadAttention(nn.Module):
         HD = self.n_heads * self.d_head
         return self.qkv_net.weight[block * HD : (block + 1) * HD].view(self.n_heads, self.d_head, -1)
 
-    def _heads(self, x: Tensor) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
-
     def project_kv(self, states: Tensor) -> Tensor:
         """Keys and values (2, B, H, T, Dh) of layer inputs `states` (B, T, d), as this layer projects
         its memory and segment (LayerNorm first under pre-LN): what a memory attends and caches."""
@@ -210,8 +208,7 @@ class RelMultiHeadAttention(nn.Module):
 
     def _positions(self, pos_emb: Tensor, W: int) -> Tensor:
         """Projected relative positions W−1 … 0: (H, W, Dh) (pos_emb holds positions klen−1 … 0)."""
-        r = self.r_net(pos_emb[pos_emb.shape[0] - W :])
-        return r.view(W, self.n_heads, self.d_head).transpose(0, 1)
+        return split_heads(self.r_net(pos_emb[pos_emb.shape[0] - W :]), self.n_heads)
 
     def _by_distance(self, qv: Tensor, window: KeyWindow, pos_emb: Tensor) -> Tensor:
         """qv·r of every query and distance W−1 … 0 of a compact window, unshifted: (B, H, n, W)
@@ -304,9 +301,9 @@ class RelMultiHeadAttention(nn.Module):
         u, v: (H, Dh) the content and position biases (the code's r_w_bias, r_r_bias); need_mass: the
         mean probability on the keys before the segment's; need_weights: the probabilities and the
         per-head vectors (both run the eager ops)."""
-        B, n, _ = x.shape
+        n = x.shape[1]
         x_in = self.layer_norm(x) if self.pre_lnorm else x
-        q = self._heads(F.linear(x_in, self.qkv_net.weight[: self.n_heads * self.d_head]))  # (B, H, n, Dh)
+        q = split_heads(F.linear(x_in, self.qkv_net.weight[: self.n_heads * self.d_head]), self.n_heads)
         if window.select is not None:  # the window its queries' attention chooses
             window = window.select(self._softmax(q, window, pos_emb, u, v))
         kernel, probs = self._kernel(q, window, need_mass or need_weights), None
@@ -317,7 +314,7 @@ class RelMultiHeadAttention(nn.Module):
         else:
             probs = self._softmax(q, window, pos_emb, u, v)  # (B, H, n, W)
             attn = self.dropatt(probs).to(window.v.dtype) @ window.v  # (B, H, n, Dh)
-        out = self.drop(self.o_net(attn.transpose(1, 2).reshape(B, n, -1)))
+        out = self.drop(self.o_net(merge_heads(attn)))  # (B, n, d)
         out = x + out if self.pre_lnorm else self.layer_norm(x + out)
         mem_mass = probs[..., : window.k.shape[2] - n].sum(-1).mean() if need_mass else None
         weights = (probs, attn) if need_weights else (None, None)
