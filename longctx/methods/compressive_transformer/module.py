@@ -166,7 +166,9 @@ class CompressiveTransformerLM(LMBase):
         )
 
     def flops_per_token(self, segment_length: int) -> float:
-        """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`)."""
+        """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`),
+        with the key/value cache when it is on, the adaptive input and softmax counted for the
+        tokens this evaluation computed (before any: every cluster for every token)."""
         config, net = self.net.config, self.net
         return ct_flops.flops_per_token(
             n_layers=net.n_layers,
@@ -183,6 +185,9 @@ class CompressiveTransformerLM(LMBase):
             cutoffs=self.cutoffs,
             d_embed=config.d_embed,
             div_val=config.div_val,
+            cache_kv=self.eval_cache_kv,
+            softmax_rows=net.crit.rows_per_token(),
+            embedding_rows=net.word_emb.rows_per_token(),
         )
 
     # ------------------------------------------------------------------ step
