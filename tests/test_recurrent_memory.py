@@ -14,11 +14,13 @@ straightforward reference, on a small random GPT-2 (no hub).
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -346,3 +348,33 @@ def test_recipe_config_trains_two_steps_through_the_cli(tmp_path, monkeypatch):
     assert math.isfinite(float(metrics["train/loss"])) and float(metrics["val/loss"]) < math.log(256) + 0.5
     assert float(metrics["val/flops_per_token"]) == model.flops_per_token(64)
     assert (tmp_path / "runs" / "rmt" / "checkpoints" / "best.ckpt").is_file()
+
+
+@pytest.mark.parametrize("sweep", ["recurrent_memory_curriculum_tiny.txt", "recurrent_memory_curriculum.txt"])
+def test_each_curriculum_stage_starts_from_the_previous_stages_best_checkpoint(sweep):
+    """The staged sweep: K grows from 1, each line's `pretrained` is the best checkpoint the line
+    before it writes (checkpoints/best.ckpt: `configs/base/callbacks/val_loss_best.yaml`), and every
+    line resumes its own run (`--ckpt_path last`), so a stopped curriculum restarts at its stage and step."""
+    lines = [
+        shlex.split(line, comments=True)
+        for line in (REPO / "slurm" / "sweeps" / sweep).read_text().splitlines()
+    ]
+    lines = [args for args in lines if args]
+    stages, previous = [], None
+    for args in lines:
+        options = dict(zip(args[1::2], args[2::2], strict=False))
+        assert args[0] == "fit" and options["--ckpt_path"] == "last"
+        stages.append(int(options["--data.windows_per_batch"]))
+        pretrained = options.get("--model.init_args.pretrained")
+        assert pretrained == (None if previous is None else f"runs/{previous}/checkpoints/best.ckpt")
+        previous = options["--run_name"]
+        config = load_config(REPO / options["--config"])
+        assert config["trainer.callbacks"].endswith("callbacks/val_loss_best.yaml")
+    assert stages[0] == 1 and stages == sorted(set(stages)) and stages[1] == 2
+
+
+def load_config(path: Path) -> dict:
+    """A config's dotted keys over its bases' (the files it names as `config:`)."""
+    raw = yaml.safe_load(path.read_text())
+    base = load_config(path.parent / raw.pop("config")) if "config" in raw else {}
+    return {**base, **raw}

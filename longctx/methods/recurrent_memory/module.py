@@ -66,7 +66,9 @@ class RecurrentMemoryLM(LMBase):
         checkpoint_blocks: also checkpoint every GPT-2 block (Hugging Face's activation
             checkpointing; the authors' scripts set `gradient_checkpointing`).
         attn_implementation: the GPT-2's attention ("sdpa" or "eager").
-        vocab_size, optimizer, lr_scheduler: see `LMBase` (the authors' scripts: AdamW).
+        vocab_size, optimizer, lr_scheduler: see `LMBase` (the authors' scripts: AdamW with weight
+            decay 0.01, configs/base/recurrent_memory.yaml; the default is Adam, as the recurrent
+            GPT-2's, so that a config naming Adam inherits no weight decay from AdamW's defaults).
     """
 
     batch_mode = "windows"
@@ -85,7 +87,7 @@ class RecurrentMemoryLM(LMBase):
         checkpoint_segments: bool = False,
         checkpoint_blocks: bool = False,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
-        optimizer: OptimizerCallable = torch.optim.AdamW,
+        optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
         **flat: Any,
     ) -> None:
