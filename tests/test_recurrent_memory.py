@@ -378,3 +378,51 @@ def load_config(path: Path) -> dict:
     raw = yaml.safe_load(path.read_text())
     base = load_config(path.parent / raw.pop("config")) if "config" in raw else {}
     return {**base, **raw}
+
+
+def test_through_the_cli_a_bad_memory_is_one_line(tmp_path, monkeypatch):
+    """m < 0 when the config is made; T + 2m beyond the GPT-2's positions at the first segment (the
+    data's window length is not known before); a stage checkpoint with another m, or not written yet,
+    when it is read."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    args = [
+        "fit", "--config", str(REPO / "configs" / "recurrent_memory_tiny.yaml"),
+        "--data.corpus", "sample", "--data.split_sources", "null", "--data.tokenizer", "null",
+        "--data.cache_dir", str(tmp_path / "cache"), "--trainer.logger", "false", "--trainer.max_steps", "1",
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.memory_cell.num_mem_tokens", "-1"])
+    assert exit_info.value.code == (
+        "error: model.init_args.memory_cell: MemoryCellConfig: num_mem_tokens (m) must be 0 or more, got -1"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.memory_cell.num_mem_tokens", "40", "--run_name", "positions"])
+    assert exit_info.value.code == (
+        "error: segments of 64 tokens with 40 memory tokens read and 40 written need T + 2m = 144 positions, "
+        "the GPT-2 has 128: lower data.tgt_len and data.eval_tgt_len or "
+        "model.init_args.memory_cell.num_mem_tokens (a GPT-2 from scratch: raise "
+        "model.init_args.gpt2_config.n_positions)"
+    )
+    stage = RecurrentMemoryLM(vocab_size=256, gpt2_config=GPT2, num_mem_tokens=3)  # the sample's bytes
+    checkpoint = {"state_dict": stage.state_dict()}
+    stage.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, tmp_path / "best.ckpt")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--model.init_args.gpt2_config", "null", "--model.init_args.pretrained", "best.ckpt"])
+    assert exit_info.value.code == (
+        "error: model: RecurrentMemoryLM: best.ckpt has 3 memory tokens of width 32, this model 8 of width "
+        "32: set model.init_args.memory_cell.num_mem_tokens to 3"
+    )
+    with pytest.raises(SystemExit) as exit_info:  # a stage run before the one it starts from
+        main(
+            [
+                *args,
+                "--model.init_args.gpt2_config",
+                "null",
+                "--model.init_args.pretrained",
+                "stage/best.ckpt",
+            ]
+        )
+    assert exit_info.value.code == "error: model: RecurrentMemoryLM: stage/best.ckpt: no such file"
