@@ -77,6 +77,9 @@ class Tokens(pl.LightningDataModule):
     def word_count(self, split: str) -> None:
         return None
 
+    def target_marks(self, split: str) -> None:
+        return None
+
     def _stream(self, pad: bool) -> SegmentStream:
         window = {"overlap": 32, "windows_per_batch": 2} if self.windowed else {}
         return SegmentStream(self.tokens, self.batch_size, self.seq_len, pad=pad, **window)

@@ -27,6 +27,15 @@ def umask_mode(mode: int = 0o666) -> int:
     return mode & ~umask
 
 
+def unwritable_ancestor(folder: Path | str) -> Path | None:
+    """None when `folder` is a folder this process can write in, or can be created in one; else the
+    path that stops it: `folder` or the nearest existing path above it, a file or a folder without
+    write permission."""
+    folder = Path(folder)
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    return None if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK) else existing
+
+
 @contextmanager
 def created_dirs(folder: Path | str) -> Iterator[Path]:
     """Create `folder` and its missing parents for the block; if the block fails, remove the ones

@@ -4,6 +4,9 @@ On top of LightningCLI it:
 - links the vocabulary size from the data module into the model (`data.vocab_size`);
 - gives every run its own directory `<trainer.default_root_dir>/<run_name>` (checkpoints, saved
   config, W&B files), where the run name is stable across SLURM requeues of the same array task;
+  a `fit` into a folder that holds a run is refused unless it continues that run (`--ckpt_path
+  last`, a SLURM requeue) or `--overwrite_run true` moves the old run aside (`longctx.run_folder`);
+  a command refused before its work starts leaves no folder and no file behind;
 - makes W&B safe to use anywhere: offline when no credentials and no `WANDB_MODE` are present (never
   an interactive login prompt), the W&B run id derived from the run name (so a requeued job resumes
   its W&B run), runs of one sweep grouped, and the full resolved config and git revision logged;
@@ -26,6 +29,7 @@ synced across ranks, while a predict loop would gather unreduced per-rank output
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import netrc
 import os
@@ -50,31 +54,38 @@ from lightning.pytorch.cli import (
     _InstantiatorFn,
 )
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from longctx.atomic import unwritable_ancestor
 from longctx.callbacks import (
     CheckpointOnSigterm,
     DivergenceError,
     ProgressLog,
     RunRecord,
+    StopAtAccuracy,
     StopOnDivergence,
     recorded,
 )
+from longctx.callbacks.run_record import run_record
 from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoints.fit_check import check_checkpoint_fits
-from longctx.checkpoints.saving import DiskFullError, use_atomic_checkpoints
+from longctx.checkpoints.saving import RUN_FILE_FIX, DiskFullError, use_atomic_checkpoints, write_whole
 from longctx.commands import TRAINER_COMMANDS, load
+from longctx.config_digest import config_digest
 from longctx.core.base import LMBase
 from longctx.core.data_facts import DataMismatch
 from longctx.core.knob_groups import group_types
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
-from longctx.errors import debug_enabled, exit_with_error
+from longctx.errors import BadInput, debug_enabled, exit_with_error
 from longctx.parse_errors import OneLineParser, ParseError
-from longctx.run_layout import CONFIG, checkpoint_dir, run_directory
-from longctx.run_lock import RunDirectoryBusy, lock_if_launching
+from longctx.run_folder import held_run, move_aside, undone_if_refused
+from longctx.run_layout import CONFIG, WANDB, checkpoint_dir, run_directory
+from longctx.run_lock import RunDirectoryBusy, holds_run_locks, lock_if_launching
 
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
 # `--ckpt_path` values Lightning resolves itself; anything else is a file.
@@ -163,16 +174,15 @@ def keep_wandb_in(run_dir: Path) -> None:
     for variable, name in WANDB_FOLDERS.items():
         value = os.environ.get(variable)
         if value is None or value == _wandb_folders_set.get(variable):
-            os.environ[variable] = _wandb_folders_set[variable] = os.path.abspath(run_dir / "wandb" / name)
+            os.environ[variable] = _wandb_folders_set[variable] = os.path.abspath(run_dir / WANDB / name)
 
 
 def check_writable(run_dir: Path) -> None:
     """The run directory, or the folder it will be created in, must be writable: checkpoints, records
     and W&B's files go there (W&B would otherwise fall back to the system temp folder)."""
-    existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
-    if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+    if (blocked := unwritable_ancestor(run_dir)) is not None:
         raise ConfigError(
-            f"run directory {run_dir} cannot be written ({existing} is not a writable folder): set "
+            f"run directory {run_dir} cannot be written ({blocked} is not a writable folder): set "
             "--trainer.default_root_dir to a folder you can write"
         )
 
@@ -182,7 +192,15 @@ MIN_SUMMARIES = ("val/loss", "val/bpc", "val/ppl", "val/word_ppl")
 
 
 class LoggedConfigCallback(SaveConfigCallback):
-    """Saves the resolved config in the run directory and logs it, with the git revision, to W&B."""
+    """Saves the resolved config in the run directory and logs it, with the git revision, to W&B,
+    when the command's work starts (after its setup and checkpoint loading): a command refused
+    while it sets up leaves the `config.yaml` of the run already in the folder as it was.
+
+    `config.yaml` is written whole or not at all, replacing an earlier one (a requeued run writes
+    into its own run directory again); a full disk is one line (`DiskFullError`), never a truncated
+    file (jsonargparse's `save` writes in place)."""
+
+    _config_path: Path | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Record the settings the trainer resolved, with a warning at most: the precision (`16-mixed`
@@ -193,9 +211,33 @@ class LoggedConfigCallback(SaveConfigCallback):
             self.config.trainer.precision = trainer.precision
             if stage == TrainerFn.FITTING:
                 self.config.trainer.max_epochs = trainer.fit_loop.max_epochs
-        super().setup(trainer, pl_module, stage)
+        self.stage = stage
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._save_now(trainer, pl_module)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._save_now(trainer, pl_module)
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._save_now(trainer, pl_module)
+
+    def _save_now(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Lightning's setup (ranks in step, W&B logging) with the file left to `save_config`."""
+        save_to_log_dir = self.save_to_log_dir
+        if save_to_log_dir and not self.already_saved:
+            self._config_path = Path(trainer.log_dir) / self.config_filename  # log_dir: on every rank
+        self.save_to_log_dir = False
+        try:
+            super().setup(trainer, pl_module, self.stage)
+        finally:
+            self.save_to_log_dir = save_to_log_dir
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._config_path is not None:  # rank zero only, as Lightning calls this
+            text = self.parser.dump(self.config, skip_none=False)
+            write_whole(self._config_path, text.encode(), "the run's config", RUN_FILE_FIX)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 experiment = logger.experiment
@@ -285,6 +327,7 @@ class ReportGroupErrors:
 class LongCtxCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.init_error: Exception | None = None
+        self.resume_reason = "--ckpt_path last"  # what `last` resumes for, in its one line
         # The command line, recorded in summary.json (the sweep runner skips a line only if it matches).
         self.command = [str(arg) for arg in sys.argv[1:]] if kwargs.get("args") is None else kwargs["args"]
         kwargs.setdefault("save_config_callback", LoggedConfigCallback)
@@ -304,13 +347,25 @@ class LongCtxCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         self._add_token_nll_writer(subcommand)
-        # One live command per run directory; summary.json in it, whatever happens; Ctrl-C exits 130.
+        run_dir = Path(self.trainer.default_root_dir)
+        record = run_record(self.trainer)
+        # Refused before its work starts: no trace in the folder. One live command per run directory;
+        # summary.json in it however the work ends; Ctrl-C exits 130.
         with (
-            lock_if_launching(self.trainer.default_root_dir),
-            recorded(self.trainer, subcommand, command=self.command),
+            undone_if_refused(run_dir, lambda: record is None or record.started)
+            if holds_run_locks()
+            else contextlib.nullcontext(),
+            lock_if_launching(run_dir),
+            recorded(self.trainer, subcommand, command=self.command, config_digest=self.config_digest),
             ctrl_c_exit_code(),
         ):
             super()._run_subcommand(subcommand)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # What the command resolves to, before the CLI fills in the run directory, the precision that
+        # ran or a drawn seed: recorded in summary.json for the sweep runner (longctx.config_digest).
+        self.config_digest = config_digest(parser, self.config)
 
     def _add_token_nll_writer(self, subcommand: str) -> None:
         """`--write_token_nll true`: the evaluation writes `token_nll.npz` in the run directory."""
@@ -322,6 +377,13 @@ class LongCtxCLI(LightningCLI):
                 "`python -m longctx test --config ... --ckpt_path ... --write_token_nll true`"
             )
         self.trainer.callbacks.append(TokenNLLWriter())
+
+    def _set_seed(self) -> None:
+        """LightningCLI's, with a seed numpy cannot take (`--seed_everything -1`) as one line."""
+        try:
+            super()._set_seed()
+        except ValueError as err:
+            raise ConfigError(f"seed_everything: {err}") from err
 
     def _parse_ckpt_path(self) -> None:
         """Keep the config and the flags: LightningCLI 2.6 re-parses the model with the hyperparameters
@@ -357,6 +419,7 @@ class LongCtxCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.add_lightning_class_args(ProgressLog, "progress")  # a callback of every run, configurable
         parser.add_lightning_class_args(StopOnDivergence, "divergence")  # NaN or exploded loss stops fit
+        parser.add_lightning_class_args(StopAtAccuracy, "recall_stop")  # recall >= min_acc stops fit
         parser.add_argument(
             "--run_name",
             type=str | None,
@@ -370,6 +433,14 @@ class LongCtxCLI(LightningCLI):
             default=False,
             help="validate/test/evaluate_overlaps: write every scored target's NLL and offset to "
             "<run dir>/token_nll.npz (evaluate_overlaps: token_nll_overlap{o}.npz)",
+        )
+        parser.add_argument(
+            "--overwrite_run",
+            type=bool,
+            default=False,
+            help="fit: start a new run in a run directory that holds one; the old run's files move to "
+            "<run dir>.old-<time it last wrote> (without it such a fit is refused, unless it continues "
+            "the run: --ckpt_path last)",
         )
         parser.add_argument(
             "--float32_matmul_precision",
@@ -389,6 +460,12 @@ class LongCtxCLI(LightningCLI):
                 "--run_name, no $LONGCTX_RUN_NAME, no SLURM job id), so it would get a new timestamped "
                 "folder with nothing to resume: add --run_name NAME, the run to resume (runs/NAME)"
             )
+        if config.get("overwrite_run") and self.subcommand != "fit":
+            raise ConfigError(
+                f"--overwrite_run applies to fit (a new run in a folder that holds one); {self.subcommand} "
+                "adds its results to the run directory and replaces only its own earlier ones"
+            )
+        check_trainer_settings(config.trainer)
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         run_name = config.get("run_name") or run_name_from_env()
         config.run_name = run_name
@@ -413,7 +490,48 @@ class LongCtxCLI(LightningCLI):
 
     def before_fit(self) -> None:
         _check_checkpoint_names(self.trainer)
+        self.continue_a_requeued_run()
+        if holds_run_locks():  # the launching process decides; DDP ranks it starts find it decided
+            self.claim_run_directory()
         self.prepare_ckpt_path()
+
+    def continue_a_requeued_run(self) -> None:
+        """A requeued SLURM job (`fit` with no `--ckpt_path`: its requeue checkpoint `hpc_ckpt_N.ckpt`
+        is there, or SLURM counts a restart) continues its run as `--ckpt_path last` does: from the
+        newer of `checkpoints/last*.ckpt` (the one SLURM's SIGTERM after the requeue saved) and
+        the requeue checkpoint (Lightning alone would take the older requeue checkpoint)."""
+        arguments = self.config_init["fit"]
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        requeued = self.trainer._checkpoint_connector._hpc_resume_path is not None or restarts > 0
+        if arguments.get("ckpt_path") is None and SLURMEnvironment.detect() and requeued:
+            arguments.ckpt_path = "last"
+            self.resume_reason = "SLURM requeue"
+
+    def claim_run_directory(self) -> None:
+        """A run directory holds one run: a `fit` into a folder that holds one must continue it
+        (`--ckpt_path last` or `hpc`, or a checkpoint inside the folder), or move it aside with
+        `--overwrite_run true`; anything else stops here, before any step, in one line."""
+        arguments = self.config_init["fit"]
+        run_dir = Path(self.trainer.default_root_dir)
+        held = held_run(run_dir)
+        if held is None:
+            return
+        ckpt_path = arguments.get("ckpt_path")
+        inside = ckpt_path not in (None, *SPECIAL_CKPT_PATHS) and Path(ckpt_path).resolve().is_relative_to(
+            run_dir.resolve()
+        )
+        if held.has_fit and (ckpt_path in ("last", "hpc") or inside):
+            return
+        if arguments.get("overwrite_run"):
+            moved = move_aside(run_dir)
+            say(f"--overwrite_run: the run that was in {run_dir} ({held.description}) moved to {moved}")
+            return
+        continue_it = "continue it with --ckpt_path last, " if held.has_fit else ""
+        raise ConfigError(
+            f"run directory {run_dir} holds a run ({held.description}): {continue_it}give this run "
+            f"another --run_name, or start over there with --overwrite_run true (the old run's files "
+            f"move to {run_dir}.old-<time it last wrote>)"
+        )
 
     def before_validate(self) -> None:
         self.prepare_ckpt_path()
@@ -435,6 +553,7 @@ class LongCtxCLI(LightningCLI):
         """
         arguments = self.config_init[self.subcommand]
         ckpt_path = arguments.get("ckpt_path")
+        reason = self.resume_reason
         if ckpt_path == "last":
             connector = self.trainer._checkpoint_connector
             stage = FIT_STAGES.get(self.subcommand, TrainerFn.TESTING)
@@ -448,10 +567,10 @@ class LongCtxCLI(LightningCLI):
                 where = checkpoint_dir(self.trainer.default_root_dir)
                 if self.subcommand != "fit":
                     raise ConfigError(f"--ckpt_path last: no checkpoint in {where}, so nothing to evaluate")
-                say(f"--ckpt_path last: no checkpoint in {where} yet; the run starts fresh")
+                say(f"{reason}: no checkpoint in {where} yet; the run starts fresh")
                 arguments.ckpt_path = None  # Lightning would warn again
                 return
-            say(f"--ckpt_path last: resuming from {found}")
+            say(f"{reason}: resuming from {found}")
             arguments.ckpt_path = ckpt_path = str(found)
         if ckpt_path and ckpt_path not in SPECIAL_CKPT_PATHS:
             try:
@@ -470,6 +589,33 @@ def _logger_configs(logger: Any) -> list[Namespace]:
 
 def _callback_configs(callbacks: Any) -> list[Namespace]:
     return [item for item in callbacks or [] if isinstance(item, Namespace)]
+
+
+# Trainer counts Lightning divides by, and what each one counts.
+TRAINER_COUNTS = {
+    "val_check_interval": "the training steps between two validations (an int >= 1), or the fraction "
+    "of an epoch between them (a float in (0, 1])",
+    "check_val_every_n_epoch": "the epochs between two validations (>= 1), or null to count steps "
+    "(val_check_interval)",
+    "accumulate_grad_batches": "the batches whose gradients make one optimizer step (>= 1; 1 "
+    "accumulates nothing)",
+}
+
+
+def check_trainer_settings(trainer: Namespace) -> None:
+    """Trainer settings Lightning takes without a word and then fails on, refused before anything
+    runs: a count it divides by (a zero was a ZeroDivisionError at the first step), a negative
+    clipping threshold (no clipping at all)."""
+    for name, meaning in TRAINER_COUNTS.items():
+        value = trainer.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(f"trainer.{name} {value}: give {meaning}")
+    clip = trainer.get("gradient_clip_val")
+    if isinstance(clip, int | float) and clip < 0:
+        raise ConfigError(
+            f"trainer.gradient_clip_val {clip}: give the clipping threshold (> 0), or null to clip nothing "
+            "(Lightning would skip clipping without a word)"
+        )
 
 
 def _check_checkpoint_names(trainer: Trainer) -> None:
@@ -509,7 +655,17 @@ def parser_only() -> LightningArgumentParser:
 
 
 # Bad input (the user's to fix) as opposed to a bug: printed as one line by `main`.
-USER_ERRORS = (ConfigError, ParseError, DataError, DataMismatch, DiskFullError, RunDirectoryBusy)
+# Lightning's MisconfigurationException is a setting it refuses (`trainer.limit_val_batches -1`).
+USER_ERRORS = (
+    BadInput,
+    ConfigError,
+    ParseError,
+    DataError,
+    DataMismatch,
+    DiskFullError,
+    RunDirectoryBusy,
+    MisconfigurationException,
+)
 
 
 def main(args: list[str] | None = None) -> LongCtxCLI:

@@ -12,15 +12,26 @@ once, and evaluated at every context length of its axis (`longctx.diagnostics.ax
 changed in place between evaluations, so a point equals a `validate` run with the flags the CSV
 lists). Writes, in `<root>/<run_name>/`:
 
-- `context.csv`: model, method, axis, context_length, loss, ppl, bpc, bpb, tokens, flags (the
-  `validate` flags of the point); `context.png`: loss against context length, one line per model;
+- `context.csv`: model, method, axis, context_length, loss, ppl, bpc, bpb, tokens, state_size (the
+  numbers per layer the model carries at that point, `LMBase.state_size`), recall_acc and
+  recall_acc_first (on a split with marks: `longctx.core.recall`), flags (the `validate` flags of
+  the point); `context.png`: loss against context length, one line per model;
 - `recl.csv` (and `recl_gains.csv`, every relative gain): the Relative Effective Context Length of
   Dai et al. 2019 over the models of each axis (`longctx.diagnostics.recl`; r = 0.1, 0.5, 1.0);
 - `context_positions.csv`/`.png`: loss by position within the segment/window, per model and point;
 - `context_document_distance.csv`/`.png`: loss by distance to the document start (bins that double);
 - `<name>/token_nll_<axis><length>[_reset].npz`: each point's per-token NLL (`TokenNLLWriter`), and
-  `<name>/config.yaml`, the model's resolved config.
-Logged to W&B (tables and figures) unless `WANDB_MODE=disabled`. Bad input is one line.
+  `<name>/config.yaml`, the model's resolved config;
+- `summary.json`: the command (`commands.context`), how it ended, and every file of the folder with
+  the command that wrote it (`artifacts`): the run directory may be a fit's, and a second `context`
+  there replaces the first one's files (`longctx.run_folder`).
+Logged to W&B (tables and figures) unless `WANDB_MODE=disabled`. Bad input is one line; bad input
+found before the first evaluation leaves no folder and no file behind; so is a length whose
+evaluation step would need more memory than the device has, found before anything is allocated
+(`longctx.diagnostics.footprint`: the line names the longest length that fits). The run directory's
+lock keeps a second command out while it runs (`longctx.run_lock`). `context.csv` is rewritten as
+each point finishes (one progress line each): a Ctrl-C keeps the finished points there and exits
+with 130; the same command again evaluates every point.
 """
 
 from __future__ import annotations
@@ -31,23 +42,35 @@ import io
 import os
 import re
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 
 from longctx.atomic import atomic_path, write_text_atomic
+from longctx.callbacks.sigterm import SIGINT_EXIT_CODE, ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
-from longctx.cli import PARSER_KWARGS, ConfigError, LongCtxCLI, ensure_wandb_mode, run_name_from_env
+from longctx.checkpoints.saving import readable_size
+from longctx.cli import PARSER_KWARGS, USER_ERRORS, LongCtxCLI, ensure_wandb_mode, run_name_from_env
+from longctx.core.base import LMBase
+from longctx.data.datamodule import LMDataModule
 from longctx.diagnostics import positions, recl
 from longctx.diagnostics.axes import Axis, AxisError, Variant, axis_named, default_axis, variants
 from longctx.diagnostics.figures import by_key_figure, context_figure
+from longctx.diagnostics.footprint import available_bytes, evaluation_bytes
+from longctx.errors import debug_enabled, exit_with_error, one_line
+from longctx.run_folder import command_in
 from longctx.run_layout import DEFAULT_ROOT, run_directory
 
+# How torch says an allocation failed, on a GPU and on the CPU.
+OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory", re.IGNORECASE)
 CONTEXT_COLUMNS = [
-    "model", "method", "axis", "context_length", "loss", "ppl", "bpc", "bpb", "tokens", "flags",
+    "model", "method", "axis", "context_length", "loss", "ppl", "bpc", "bpb", "tokens", "state_size",
+    "recall_acc", "recall_acc_first", "flags",
 ]  # fmt: skip
 
 
@@ -101,7 +124,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="RECL's relative gain threshold (paper: 0.01)",
     )  # fmt: skip
     parser.add_argument("--wandb_project", default="longctx")
-    return parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if "--" in extra:  # the separator before the flags for every model (argparse keeps it)
+        extra.remove("--")
+    return args, extra
 
 
 def model_names(args: argparse.Namespace) -> list[str]:
@@ -149,17 +175,76 @@ def build(args: argparse.Namespace, extra: list[str], run_dir: Path) -> list[Mod
         model, data = cli.model, cli.datamodule
         axis = axis_named(args.axis) if args.axis else default_axis(model, data)
         lengths = axis.lengths_for(model, data, args.lengths)
+        check_memory(model, data, axis, lengths, cli.trainer.strategy.root_device)
         cli.prepare_ckpt_path()  # the checkpoint's weights fit the model (as `validate` checks)
         runs.append(ModelRun(name, ckpt_path, cli, axis, lengths))
     return runs
+
+
+def check_memory(
+    model: LMBase, data: LMDataModule, axis: Axis, lengths: list[int], device: torch.device
+) -> None:
+    """One line, before anything is allocated, for lengths whose evaluation step needs more memory
+    than `device` has available (`footprint.evaluation_bytes`), naming the largest length that fits.
+    The axis is left at the last length checked (every evaluation sets its own)."""
+    available = available_bytes(device)
+    if available is None:
+        return
+
+    def need(length: int) -> int:
+        axis.set(model, data, length)
+        return evaluation_bytes(model, data)
+
+    too_long = [length for length in lengths if need(length) > available]
+    if not too_long:
+        return
+    longest, low = max(too_long), axis.limits(model, data)[0]
+    needed = need(longest)
+    fits = low - 1  # the longest length that fits: the estimate grows with the length
+    high = longest
+    while high - fits > 1:
+        middle = (fits + high) // 2
+        fits, high = (middle, high) if need(middle) <= available else (fits, middle)
+    instead = f"give lengths up to about {fits:,}, or" if fits >= low else "even the shortest does not fit:"
+    raise ContextError(
+        f"--lengths {' '.join(map(str, too_long))}: {type(model).__name__} at {axis.name} length {longest:,} "
+        f"needs about {readable_size(needed)} for one evaluation step (data.eval_batch_size "
+        f"{data.eval_batch_size}, segments of {data.eval_tgt_len}), more than the "
+        f"{readable_size(available)} available on {device}; {instead} lower data.eval_batch_size"
+    )
 
 
 def token_nll_name(axis: Axis, length: int, variant: Variant) -> str:
     return f"token_nll_{axis.name}{length}{variant.file_tag}.npz"
 
 
-def sweep(run: ModelRun, split: str) -> tuple[list[dict], dict[tuple[str, int], Path]]:
-    """Evaluate one model at every length (and variant): CSV rows and each point's per-token file."""
+class FinishedPoints:
+    """The points evaluated so far, in `context.csv` as each one finishes (the whole table, written
+    atomically), so that a Ctrl-C or a crash keeps them; one progress line per point."""
+
+    def __init__(self, path: Path, total: int) -> None:
+        self.path, self.total = path, total
+        self.rows: list[dict] = []
+
+    def add(self, row: dict, seconds: float) -> None:
+        self.rows.append(row)
+        write_csv(self.path, self.rows, CONTEXT_COLUMNS)
+        say(
+            f"{row['model']} {row['axis']} {row['context_length']} ({len(self.rows)}/{self.total}): loss "
+            f"{row['loss']:.4g} ({seconds:.1f} s)"
+        )
+
+
+def points(run: ModelRun) -> int:
+    """How many evaluations `sweep` runs for this model."""
+    return len(variants(run.cli.model)) * len(run.lengths)
+
+
+def sweep(
+    run: ModelRun, split: str, finished: FinishedPoints
+) -> tuple[list[dict], dict[tuple[str, int], Path]]:
+    """Evaluate one model at every length (and variant): CSV rows (each also handed to `finished` as
+    it finishes) and each point's per-token file."""
     trainer, model, data = run.cli.trainer, run.cli.model, run.cli.datamodule
     trainer.loggers = []  # the points are logged together by this command, not one run each
     writer = TokenNLLWriter()
@@ -173,10 +258,20 @@ def sweep(run: ModelRun, split: str) -> tuple[list[dict], dict[tuple[str, int], 
     for variant in variants(model):
         label = run.name + variant.suffix
         for length in run.lengths:
+            start = time.perf_counter()
             variant.set(model)
             run.axis.set(model, data, length)
             writer.filename = token_nll_name(run.axis, length, variant)
-            metrics = evaluate(model, datamodule=data, ckpt_path=ckpt_path, verbose=False)[0]
+            try:
+                metrics = evaluate(model, datamodule=data, ckpt_path=ckpt_path, verbose=False)[0]
+            except (torch.OutOfMemoryError, RuntimeError) as err:
+                if not OUT_OF_MEMORY.search(str(err)):
+                    raise
+                raise ContextError(
+                    f"{label} at {run.axis.name} length {length}: out of memory ({one_line(err)[:120]}); "
+                    "give shorter lengths or lower data.eval_batch_size (the points finished before are in "
+                    f"{finished.path})"
+                ) from err
             ckpt_path = None  # the weights are loaded once
             files[(label, length)] = Path(trainer.default_root_dir) / writer.filename
             rows.append({
@@ -184,8 +279,12 @@ def sweep(run: ModelRun, split: str) -> tuple[list[dict], dict[tuple[str, int], 
                 "loss": metrics[f"{stage}/loss"], "ppl": metrics.get(f"{stage}/ppl"),
                 "bpc": metrics.get(f"{stage}/bpc"), "bpb": metrics.get(f"{stage}/bpb"),
                 "tokens": int(metrics[f"{stage}/tokens"]),
+                "state_size": metrics.get(f"{stage}/state_size"),
+                "recall_acc": metrics.get(f"{stage}/recall_acc"),
+                "recall_acc_first": metrics.get(f"{stage}/recall_acc_first"),
                 "flags": " ".join(run.axis.flags(model, data, length) + variant.flags),
             })  # fmt: skip
+            finished.add(rows[-1], time.perf_counter() - start)
     if len({row["tokens"] for row in rows}) > 1:
         say(
             f"{run.name}: the points scored different numbers of targets (a limit_*_batches or a window "
@@ -308,17 +407,37 @@ def run(argv: list[str]) -> Path:
         raise ContextError(f"--recl_r {args.recl_r}: r is a fraction of positions, in (0, 1]")
     run_name = args.run_name or run_name_from_env()
     run_dir = run_directory(args.root, run_name)
-    runs = build(args, extra, run_dir)
+    with command_in(run_dir, ["context", *argv]) as command:
+        runs = build(args, extra, run_dir)
+        command.start()  # bad input found from here on is recorded as a failed command
+        evaluate(runs, args, run_dir, run_name)
+    say(f"context diagnostics in {run_dir}")
+    return run_dir
+
+
+def evaluate(runs: list[ModelRun], args: argparse.Namespace, run_dir: Path, run_name: str) -> None:
+    """Every model at every point; the tables, figures and W&B log of them all."""
     rows, files, by_position, by_distance = [], {}, [], []
-    for model_run in runs:
-        model_rows, model_files = sweep(model_run, args.split)
-        rows += model_rows
-        files.update(model_files)
-        position, distance = position_rows(model_run, args.split, model_files)
-        by_position += position
-        by_distance += distance
+    finished = FinishedPoints(run_dir / "context.csv", sum(map(points, runs)))
+    try:
+        with ctrl_c_exit_code():  # Lightning ends an evaluation stopped by Ctrl-C with exit code 1
+            for model_run in runs:
+                model_rows, model_files = sweep(model_run, args.split, finished)
+                rows += model_rows
+                files.update(model_files)
+                position, distance = position_rows(model_run, args.split, model_files)
+                by_position += position
+                by_distance += distance
+    except (KeyboardInterrupt, SystemExit) as stop:
+        if isinstance(stop, SystemExit) and stop.code != SIGINT_EXIT_CODE:
+            raise
+        kept = f"the finished ones are in {finished.path}" if finished.rows else "none is kept"
+        say(
+            f"Ctrl-C: stopped after {len(finished.rows)} of {finished.total} points; {kept} (RECL and the "
+            f"figures need every point: run the command again); exit code {SIGINT_EXIT_CODE}"
+        )
+        raise SystemExit(SIGINT_EXIT_CODE) from None
     recls, gains = recl_rows(runs, rows, files, args)
-    write_csv(run_dir / "context.csv", rows, CONTEXT_COLUMNS)
     write_csv(run_dir / "recl.csv", recls)
     write_csv(run_dir / "recl_gains.csv", gains)
     write_csv(run_dir / "context_positions.csv", by_position)
@@ -337,8 +456,6 @@ def run(argv: list[str]) -> Path:
     tables = {"losses": rows, "recl": recls, "positions": by_position, "document_distance": by_distance}
     log_to_wandb(run_dir, run_name, args.wandb_project, tables, list(figures))
     print_summary(rows, recls)
-    say(f"context diagnostics in {run_dir}")
-    return run_dir
 
 
 def print_summary(rows: list[dict], recls: list[dict]) -> None:
@@ -352,11 +469,16 @@ def print_summary(rows: list[dict], recls: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `python -m longctx context`; bad input exits with one line."""
+    """Entry point of `python -m longctx context`; bad input exits with one line, Ctrl-C with 130."""
     try:
         run(sys.argv[1:] if argv is None else argv)
-    except (ContextError, AxisError, ConfigError) as err:
-        sys.exit(f"error: {err}")
+    except KeyboardInterrupt:  # before any point (building the models): nothing to keep
+        say(f"Ctrl-C: stopped before any point was evaluated; exit code {SIGINT_EXIT_CODE}")
+        raise SystemExit(SIGINT_EXIT_CODE) from None
+    except (ContextError, AxisError, *USER_ERRORS) as err:
+        if debug_enabled():
+            raise
+        exit_with_error(err)
 
 
 if __name__ == "__main__":

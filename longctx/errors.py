@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 DEBUG_ENV = "LONGCTX_DEBUG"
@@ -26,6 +27,29 @@ def debug_enabled() -> bool:
 def one_line(message: object) -> str:
     """The message with its line breaks and runs of spaces folded into single spaces."""
     return " ".join(str(message).split())
+
+
+class BadInput(ValueError):
+    """A setting, file or command line the user gave that cannot work, found after parsing (e.g. by a
+    data stream or an evaluation command); every entry point prints it as its one line."""
+
+
+class NotText(BadInput):
+    """A file that should be UTF-8 text is not (the message names it, the line and the byte)."""
+
+
+def read_utf8(path: Path | str, holds: str) -> str:
+    """The text of `path`; a file that is not UTF-8 (a binary, a latin-1 file) raises `NotText` naming
+    the file, the line and the first bad byte, then what the file should hold (`holds`)."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        bad = data[err.start : err.start + 1]
+        raise NotText(
+            f"{path} is not UTF-8 text (line {line}: byte {err.start:,} is {bad!r}); {holds}"
+        ) from None
 
 
 def exit_with_error(message: object) -> NoReturn:

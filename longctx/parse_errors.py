@@ -64,6 +64,7 @@ _CLASS_PROBLEM = re.compile(r"^Problem with given class_path '([^']+)':$")
 _UNKNOWN_OPTION = re.compile(r"^Option '([^']+)' is not accepted$")
 _NO_ATTRIBUTE = re.compile(r"^module '([\w.]+)' has no attribute '(\w+)'$")
 _UNABLE_TO_LOAD = re.compile(r"^Unable to load config '([^']+)'$")
+_NO_MAPPING = re.compile(r'^Unable to load config "([^"]+)"$')  # a nested file that holds no mapping
 _YAML_MARK = re.compile(r'^in "<unicode string>", line (\d+), column (\d+)$')
 _GIVEN_CLASS = re.compile(r"Got value: Namespace\(class_path='([^']+)'")
 _NOT_ACCEPTED = re.compile(r"^Subcommand '\w+' does not accept option '([^']+)'$")
@@ -103,6 +104,9 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
         detail = line
     if nested and mark:
         detail = f"YAML syntax error in {nested}, {mark}: {detail}; fix the file"
+    if match := _NO_MAPPING.match(detail):
+        detail = f"config file {match.group(1)} {holds_no_mapping(UNREAD)}"
+        keys = list(dict.fromkeys(keys))  # jsonargparse names the key twice
     if given := _GIVEN_CLASS.search(detail):  # the innermost class (e.g. an optimizer's)
         class_path = given.group(1)
     detail = re.sub(r"\. Got value: Namespace\(.*$", "", detail)
@@ -134,6 +138,21 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
         where += (".init_args." if class_path else ".") + ".".join(keys[1:])
     line = f"{where}: {detail}" if where else detail
     return line + (f" ({fix})" if fix else "")
+
+
+UNREAD = object()  # the content of a config file that was not read here
+
+
+def holds_no_mapping(content: Any) -> str:
+    """What a config file that is no mapping of settings holds (its loaded YAML, or `UNREAD`), and
+    the fix."""
+    if content is UNREAD:
+        what = "is empty or holds no mapping of settings"
+    elif content is None or (isinstance(content, str) and not content.strip()):
+        what = "is empty"
+    else:
+        what = f"holds a {type(content).__name__} ({one_line(content)[:40]!r}), not a mapping of settings"
+    return f"{what}: a config file maps settings to values, e.g. `trainer: {{max_steps: 100}}`"
 
 
 def _group_option(detail: str) -> tuple[str, str] | None:
@@ -203,7 +222,42 @@ class OneLineParser(LightningArgumentParser):
     """LightningCLI's parser, whose parse errors are one line (`parse_error_line`) raised as
     `ParseError` instead of the usage and jsonargparse's nested message (kept with LONGCTX_DEBUG=1).
     Inner parsers jsonargparse builds with `exit_on_error=False` keep raising its own error, which
-    it catches itself."""
+    it catches itself.
+
+    It also names what jsonargparse cannot: the config file that holds no mapping (`Unexpected
+    config: - a`), and the config files of two methods composed (`--config xl.yaml --config
+    span.yaml`: the second's class replaces the first's, whose settings stay and do not fit it;
+    jsonargparse would only say the new class has no such option)."""
+
+    def parse_args(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "_subcommands_action", None) is not None:  # the root parser: a new command line
+            _CONFIG_MODELS.clear()
+            _CONFIG_MODELS_FROM[:] = [os.getcwd()]
+        return super().parse_args(*args, **kwargs)
+
+    def _load_config_parser_mode(
+        self, cfg_str: str, cfg_path: str | os.PathLike = "", *args: Any, **kwargs: Any
+    ) -> Any:
+        """jsonargparse's, plus: a file that holds no mapping is named, and each file's model class is
+        recorded before its settings apply (jsonargparse passes the file's base name while the
+        working directory is its folder; a file it includes is read while it is being applied)."""
+        where = os.path.abspath(cfg_path) if cfg_path else ""
+        try:
+            content = _YAML_LOAD(cfg_str) if cfg_str.strip() else None
+        except yaml.YAMLError:  # jsonargparse's loader names the file and the line
+            content = UNREAD
+        if where and (class_path := _model_class_path(content)):
+            _CONFIG_MODELS.append((where, class_path, _including[0]))
+        _including[0] += 1
+        try:
+            return super()._load_config_parser_mode(cfg_str, cfg_path, *args, **kwargs)
+        except TypeError as err:
+            if not str(err).startswith("Unexpected config:"):
+                raise
+            name = f"config file {_shown(where)}" if where else "--config"
+            raise TypeError(f"{name} {holds_no_mapping(content)}") from err
+        finally:
+            _including[0] -= 1
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_enabled():
@@ -213,4 +267,49 @@ class OneLineParser(LightningArgumentParser):
         subcommand = parser.prog.split()[-1] if parser.prog.split()[-1].isidentifier() else ""
         command = " ".join(["python -m longctx", subcommand]).strip()
         hint = f"; `{command} --help` lists the options" if "Unrecognized arguments" in message else ""
-        raise ParseError(parse_error_line(message, options) + hint) from ex
+        line = parse_error_line(message, options)
+        if line.startswith("model") and (mixed := _mixed_models()):
+            line, hint = f"{mixed} ({line.split(' (did you mean')[0]})", ""
+        raise ParseError(line + hint) from ex
+
+
+# (config file, model class_path, depth: 0 for a file of the command line, 1 for a file it includes, ...)
+# for each config file of the command line being parsed that names a model class, in reading order;
+# and the working directory of that command line.
+_CONFIG_MODELS: list[tuple[str, str, int]] = []
+_CONFIG_MODELS_FROM: list[str] = []
+_including = [0]  # how deep in included config files the parser reads now
+
+
+def _model_class_path(content: Any) -> str | None:
+    """The model class a config file's mapping names (`model: {class_path: ...}` or
+    `model.class_path: ...`), or None."""
+    if not isinstance(content, dict):
+        return None
+    model = content.get("model")
+    class_path = model.get("class_path") if isinstance(model, dict) else model
+    class_path = content.get("model.class_path", class_path)
+    return class_path if isinstance(class_path, str) else None
+
+
+def _mixed_models() -> str:
+    """The line for config files of two model classes composed on one command line, or ""."""
+    if not _CONFIG_MODELS:
+        return ""
+    later, later_class, _ = _CONFIG_MODELS[-1]
+    name = later_class.rsplit(".", 1)[-1]
+    earlier = [(path, cls, depth) for path, cls, depth in _CONFIG_MODELS if cls.rsplit(".", 1)[-1] != name]
+    if not earlier:
+        return ""
+    path, cls, _ = min(earlier, key=lambda record: record[2])  # the command line's own file first
+    return (
+        f"model: {_shown(later)} builds the model {name}, but {_shown(path)} before it built "
+        f"{cls.rsplit('.', 1)[-1]}, whose settings stay and do not fit {name}; compose configs of one "
+        f"method, or give {_shown(later)} without {_shown(path)}"
+    )
+
+
+def _shown(path: str) -> str:
+    """`path` relative to the command line's working directory when it is inside it, else as it is."""
+    relative = os.path.relpath(path, *_CONFIG_MODELS_FROM[:1])
+    return path if relative.startswith("..") else relative

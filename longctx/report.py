@@ -12,10 +12,18 @@ writes into `--out` (default `report/`):
   byte on validation and test; on a synthetic long-range task (`python -m longctx.data synth`), the
   loss on the long-range positions and on the near answers (`long_range_loss`, `near_loss`, from
   token_nll.npz and the marks sidecar), and the RECL at r = 0.1 and 0.01 from a `context` run beside
-  the run (`longctx.diagnostics.long_range`);
+  the run (`longctx.diagnostics.long_range`); with marks, the recall accuracy (`test_recall_acc`,
+  `test_recall_acc_first`, `val_recall_acc_first`: `longctx.core.recall`), the steps the fit took to
+  reach `--recall_stop.min_acc` (`steps_to_acc`; `>N`: not within its N steps) and the state size
+  (numbers per layer carried across segments, `LMBase.state_size`);
+- with recall: `recall_by_distance.csv`/`.md` and `recall_vs_distance.png` (accuracy per distance
+  bin, from token_nll.npz `correct`), `recall_vs_state_size.png` (runs and sibling `context` runs;
+  `longctx.diagnostics.recall`);
 - `bpb_vs_flops.png`, `bpb_vs_memory.png`: bits per byte against FLOPs per token and against peak
   memory, one point per run: test, or validation (hollow, "(val)") for a run that was not tested
-  (a `fit` or `validate` alone);
+  (a `fit` or `validate` alone); each point carries the number of its row in the table, placed
+  apart from the other numbers and points (with a thin line to its point when moved away), and the
+  legend beside the plot names each number's run, so nearby runs stay readable;
 - `val_curves.png`: validation bits per byte against training tokens, one line per run.
 
 Bits per byte is the one metric comparable across tokenizers (bytes, characters, words, BPE). A value
@@ -23,7 +31,10 @@ a run did not record is a dash, in the table and in the CSV, and a run missing f
 under it in `report.md` with the reason: never a made-up value. A run that diverged or failed shows
 its status in place of every result and, like unfinished runs and NaN results, comes after the
 finished runs (which keep the order given) and is never plotted as a point. A path that is not a run
-directory (e.g. a sweep's folder in `runs/*`) is skipped with a note in `report.md` and on stderr.
+directory (e.g. a sweep's folder in `runs/*`, or a `context` command's folder, whose `recl.csv`
+feeds the RECL columns of the runs beside it) is skipped with a note in `report.md` and on stderr,
+and so is a second path to a run directory already given (`runs/a/`, a symbolic link to `runs/a`):
+each run is one row.
 With `--wandb` (or inside an active W&B run) the table and figures are also logged to W&B
 (`report/table`, a `wandb.Table`; a diverged or failed run's results are empty there).
 """
@@ -42,9 +53,14 @@ from pydoc import locate
 from typing import Any
 
 import yaml
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
-from longctx.atomic import atomic_path, write_text_atomic
+from longctx.atomic import atomic_path, unwritable_ancestor, write_text_atomic
+from longctx.diagnostics import recall
 from longctx.diagnostics.long_range import marked_losses, recl
 from longctx.errors import OneLineArgumentParser
 from longctx.run_layout import CONFIG, METRICS, SUMMARY
@@ -87,11 +103,23 @@ def read_run(path: Path) -> Run:
 
 
 def read_runs(paths: Sequence[Path]) -> tuple[list[Run], list[str]]:
-    """The run directories among `paths` (e.g. `runs/*`), and one note per path that is not one."""
+    """The run directories among `paths` (e.g. `runs/*`), each once, and one note per path that is not
+    one or names one already given (the same folder through a trailing slash or a symbolic link)."""
     runs, skipped = [], []
+    given: dict[Path, Path] = {}  # the resolved folder -> the path it was first given as
     for path in map(Path, paths):
+        if (first := given.setdefault(path.resolve(), path)) is not path:
+            skipped.append(f"{path}: skipped, the same run directory as {first} (each run is one row)")
+            continue
         try:
-            runs.append(read_run(path))
+            run = read_run(path)
+            if set(run.summary.get("statuses", {})) == {"context"}:
+                skipped.append(
+                    f"{path}: skipped, a context diagnostics folder, not a run (its recl.csv gives the "
+                    "RECL columns of the runs beside it)"
+                )
+                continue
+            runs.append(run)
         except FileNotFoundError:
             if not path.exists():
                 skipped.append(f"{path}: skipped, no such file or directory")
@@ -238,6 +266,28 @@ def _marked(column: str) -> Callable[[Run], Any]:
     return lambda run: marked_losses(run.path, run.config, run.summary.get("subcommand"))[column]
 
 
+def _steps_to_acc(run: Run) -> Any:
+    """The step the fit's recall reached `--recall_stop.min_acc` (summary.json `recall_stop`), or
+    ">N" when it did not within its N steps; None without a stop rule."""
+    record = run.summary.get("recall_stop")
+    if not record:
+        return None
+    return record["reached_step"] if record["reached_step"] is not None else f">{record['global_step']}"
+
+
+def _state_size(run: Run) -> Any:
+    metrics = run.summary.get("metrics", {})
+    return metrics.get("test/state_size", metrics.get("val/state_size"))
+
+
+def _recall(run: Run) -> float | None:
+    """The run's recall for the state-size figure: first queries where the marks have them, else all
+    answers; test, else validation."""
+    metrics = run.summary.get("metrics", {})
+    names = ("test/recall_acc_first", "test/recall_acc", "val/recall_acc_first", "val/recall_acc")
+    return next((metrics[name] for name in names if name in metrics), None)
+
+
 def _recl(r: float) -> Callable[[Run], Any]:
     return lambda run: recl(run.path, r)
 
@@ -270,13 +320,21 @@ COLUMNS: list[Column] = [
     ("test_bpb", _metric("test/bpb"), _fmt(".4f")),
     ("long_range_loss", _marked("long_range_loss"), _fmt(".3f")),
     ("near_loss", _marked("near_loss"), _fmt(".3f")),
+    ("test_recall_acc", _metric("test/recall_acc"), _fmt(".3f")),
+    ("test_recall_acc_first", _metric("test/recall_acc_first"), _fmt(".3f")),
+    ("val_recall_acc_first", _metric("val/recall_acc_first"), _fmt(".3f")),
+    ("steps_to_acc", lambda run: _steps_to_acc(run), str),
+    ("state_size", lambda run: _state_size(run), _fmt(",.0f")),
     ("recl_r0.1", _recl(0.1), str),
     ("recl_r0.01", _recl(0.01), str),
 ]
 
 
 # Results: shown as the run's status, never as numbers, for a run that diverged or failed.
-RESULT_COLUMNS = ("val", "test", "test_word_ppl", "val_bpb", "test_bpb", "long_range_loss", "near_loss")
+RESULT_COLUMNS = (
+    "val", "test", "test_word_ppl", "val_bpb", "test_bpb", "long_range_loss", "near_loss",
+    "test_recall_acc", "test_recall_acc_first", "val_recall_acc_first",
+)  # fmt: skip
 UNRANKED_STATUSES = ("diverged", "failed")
 
 
@@ -330,13 +388,16 @@ NOT_RECORDED = "no value recorded"
 
 
 def scatter(rows: Sequence[dict[str, Any]], x: str, x_label: str) -> tuple[Figure, LeftOut]:
-    """Bits per byte against column `x`, one labelled point per run: the test value (filled), or the
-    validation value (hollow) for a run that was not tested; returns the runs left out."""
-    fig = Figure(figsize=(5.5, 4))
+    """Bits per byte against column `x`, one numbered point per run (the number of its row): the test
+    value (filled), or the validation value (hollow) for a run that was not tested; the legend names
+    each number's run. Returns the runs left out."""
+    fig = Figure(figsize=(7.5, 4))
+    FigureCanvasAgg(fig)  # a renderer, to measure the numbers while placing them
     ax = fig.add_subplot()
     left_out: LeftOut = []
     splits = set()
-    for row in rows:
+    points, entries = [], []  # (number, x, y); legend (handle, label)
+    for number, row in enumerate(rows, start=1):
         split, y = ("test", row["test_bpb"]) if row["test_bpb"] is not None else ("val", row["val_bpb"])
         if row["status"] in UNRANKED_STATUSES:
             left_out.append((row["run"], row["status"]))
@@ -347,12 +408,64 @@ def scatter(rows: Sequence[dict[str, Any]], x: str, x_label: str) -> tuple[Figur
         else:
             splits.add(split)
             ax.scatter(row[x], y, color="C0", facecolors="none" if split == "val" else "C0")
+            points.append((number, row[x], y))
             label = row["run"] if split == "test" else f"{row['run']} (val)"
-            ax.annotate(label, (row[x], y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            entries.append((Line2D([], [], linestyle="none", marker=f"${number}$", color="black"), label))
     ax.set_xlabel(x_label)
     ax.set_ylabel(Y_LABELS.get(frozenset(splits), Y_LABELS[frozenset({"test"})]))
+    if entries:
+        handles, labels = zip(*entries)
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, borderaxespad=0)
     fig.tight_layout()
+    place_numbers(ax, points)
     return fig, left_out
+
+
+# Where a point's number may go, in points from the point: rings of growing radius, 8 directions each
+# (the diagonals first); beyond the first ring a thin line joins the number to its point.
+NUMBER_RINGS = (10, 16, 24, 34, 46, 60, 76)
+NUMBER_OFFSETS = [
+    (radius, radius * math.cos(angle * math.pi / 4), radius * math.sin(angle * math.pi / 4))
+    for radius in NUMBER_RINGS
+    for angle in (1, 3, 5, 7, 0, 2, 4, 6)
+]
+LEADER_LINE = {"arrowstyle": "-", "lw": 0.5, "color": "0.5", "shrinkA": 1, "shrinkB": 3}
+MARKER_HALF_WIDTH = 4.0  # points: a scatter marker's half width, kept clear of numbers
+
+
+def place_numbers(ax: Any, points: Sequence[tuple[int, float, float]]) -> None:
+    """Write each point's number at the first offset (`NUMBER_OFFSETS`) where it overlaps no other
+    number and no point and stays inside the axes, with a thin line to its point when it is not
+    next to it."""
+    renderer = ax.figure.canvas.get_renderer()
+    half = MARKER_HALF_WIDTH * ax.figure.dpi / 72
+    taken = [
+        Bbox.from_extents(px - half, py - half, px + half, py + half)
+        for px, py in (ax.transData.transform((x, y)) for _, x, y in points)
+    ]
+    inside = ax.get_window_extent(renderer)
+    for number, x, y in points:
+        for radius, dx, dy in NUMBER_OFFSETS:
+            text = ax.annotate(
+                str(number), (x, y), xytext=(dx, dy), textcoords="offset points", ha="center",
+                va="center", fontsize=8, arrowprops=LEADER_LINE if radius > NUMBER_RINGS[0] else None,
+            )  # fmt: skip
+            box = number_box(text, renderer)
+            fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            if fits and not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                break
+            text.remove()
+        else:  # no free place within reach: next to the point, as a plain label would be
+            ax.annotate(str(number), (x, y), xytext=(4, 4), textcoords="offset points", fontsize=8)
+
+
+def number_box(text: Any, renderer: Any, pad: float = 1.0) -> Bbox:
+    """The drawn extent of a point's number (an annotation: its text only, not its line), `pad`
+    pixels wider."""
+    text.update_positions(renderer)  # where the annotation puts its text
+    box = Text.get_window_extent(text, renderer)
+    return Bbox.from_extents(box.x0 - pad, box.y0 - pad, box.x1 + pad, box.y1 + pad)
 
 
 Y_LABELS = {
@@ -428,6 +541,7 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
             figure.savefig(tmp, dpi=120, format="png")
         if left_out:
             notes.append(_left_out_note(FIGURES[name], left_out))
+    recall_markdown = write_recall_outputs(runs, out, paths, notes)
     memory_kinds = sorted(
         {run.summary["peak_memory_kind"] for run in runs if run.summary.get("peak_memory_kind")}
     )
@@ -440,13 +554,65 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
         "`metric`; `*_bpb`: bits per UTF-8 byte, comparable across tokenizers. Runs that diverged or "
         "failed show their status instead of results and come last, with unfinished runs and "
         "non-finite results. Figures: test bits per byte, or validation (hollow, `(val)`) for a run "
-        "that was not tested.\n",
+        "that was not tested; each point is numbered by its row in this table.\n",
         *[f"![{title}]({name})\n" for name, title in FIGURES.items()],
+        *recall_markdown,
         *(["\n".join(notes) + "\n"] if notes else []),
     ]
     write_text_atomic(out / "report.md", "\n".join(markdown))
     write_text_atomic(out / "report.csv", to_csv(rows))
     return rows, paths
+
+
+def write_recall_outputs(
+    runs: Sequence[Run], out: Path, paths: dict[str, Path], notes: list[str]
+) -> list[str]:
+    """Recall by distance (`recall_by_distance.csv`/`.md`, `recall_vs_distance.png`) and against state
+    size (`recall_vs_state_size.png`), when some run has what they need (`longctx.diagnostics.recall`);
+    adds the figures to `paths`, notes on runs left out to `notes`; returns report.md's lines."""
+    answers = [
+        a
+        for run in runs
+        if (a := recall.run_answers(run.name, run.path, run.config, run.summary.get("subcommand")))
+    ]
+    markdown = []
+    if answers:
+        table = recall.by_distance(answers, recall.distance_edges(answers))
+        write_text_atomic(out / "recall_by_distance.csv", recall.distance_csv(table))
+        write_text_atomic(out / "recall_by_distance.md", recall.distance_markdown(table))
+        _save(recall.distance_figure(table, answers), out / "recall_vs_distance.png", paths)
+        markdown += [
+            "## Recall by distance\n",
+            "Answers and accuracy (argmax = answer) per distance bin, from each run's token_nll.npz "
+            "`correct` and the marks of the file it scored:\n",
+            recall.distance_markdown(table),
+            "![recall accuracy vs distance](recall_vs_distance.png)\n",
+        ]
+        if left := [run.name for run in runs if run.name not in {a.run for a in answers}]:
+            why = "no token_nll.npz with `correct` on marked text"
+            notes.append(f"- recall by distance: left out ({why}): {', '.join(left)}")
+    points, left_out = [], []
+    for run in runs:
+        found, state_size = _recall(run), _state_size(run)
+        if run_status(run) in UNRANKED_STATUSES or found is None or state_size is None:
+            left_out.append(run.name)
+        else:
+            points.append({"run": run.name, "state_size": state_size, "recall": found})
+    context = recall.context_points([run.path for run in runs])
+    if points or context:
+        _save(recall.state_size_figure(points, context), out / "recall_vs_state_size.png", paths)
+        markdown.append("![recall accuracy vs state size](recall_vs_state_size.png)\n")
+        if left_out:
+            notes.append(
+                f"- recall vs state size: left out (no recall or state size recorded): {', '.join(left_out)}"
+            )
+    return markdown
+
+
+def _save(figure: Figure, path: Path, paths: dict[str, Path]) -> None:
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, dpi=120, format="png")
+    paths[path.name] = path
 
 
 def log_to_wandb(
@@ -480,6 +646,17 @@ def log_to_wandb(
         run.finish()
 
 
+OUT_FIX = "give --out a folder you can write (it is made if missing)"
+
+
+def check_out(out: Path) -> None:
+    """`--out` is a folder this process can write in, or can make: one line before anything else."""
+    if (blocked := unwritable_ancestor(out)) is not None:
+        what = "a file, not a folder" if not blocked.is_dir() else "a folder you cannot write in"
+        where = "" if blocked == out else f": {blocked} is {what}"
+        sys.exit(f"error: --out {out}{where or f' is {what}'}; {OUT_FIX}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = OneLineArgumentParser(  # bad arguments: one line, the usage only with --help
         prog="python -m longctx report", description="Table and figures from longctx run directories."
@@ -492,10 +669,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--wandb", action="store_true", help="also log the table and figures to W&B")
     args = parser.parse_args(argv)
+    check_out(args.out)
     try:
         rows, figures = write_report(args.run_dirs, args.out)
     except FileNotFoundError as err:
         sys.exit(f"error: {err}")
+    except OSError as err:  # a read-only mount, a full disk: found only when writing
+        sys.exit(f"error: cannot write the report into {args.out} ({err.strerror}): {OUT_FIX}")
     log_to_wandb(rows, figures, start=args.wandb, out=args.out)
     print(f"wrote {args.out}/report.md, report.csv and {len(figures)} figures for {len(rows)} runs")
 

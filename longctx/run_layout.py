@@ -4,11 +4,16 @@
                                 `trainer.default_root_dir` names another); the trainer's `default_root_dir`
         .lock                   held by the one command that runs there (`longctx.run_lock`)
         config.yaml             the resolved configuration of the last subcommand (LightningCLI)
-        summary.json            how each subcommand ended, its command line and metrics (`RunRecord`)
+        summary.json            how each subcommand ended, its command line and metrics (`RunRecord`),
+                                and every file in the folder with the command that wrote it
+                                (`longctx.run_folder`)
         metrics.jsonl           one line per validation during `fit` (`RunRecord`)
         token_nll.npz           every scored target's NLL, with `--write_token_nll true` (`TokenNLLWriter`)
         checkpoints/            the ModelCheckpoint callbacks' folder (`checkpoint_dir`)
             last.ckpt           what `--ckpt_path last` and SIGTERM/Ctrl-C resume from
+        hpc_ckpt_<n>.ckpt       a SLURM requeue's checkpoint (Lightning's name)
+        wandb/                  W&B's files of every command run there
+    <root>/<run_name>.old-<time>/   a run moved aside by `fit --overwrite_run true` (`old_run_directory`)
 
 The CLI, the sweep runner, the run record, the run lock, `report` and `context` all take these names
 from here, so a file moves by changing one line. Method-specific files (e.g. recurrence's
@@ -27,6 +32,9 @@ METRICS = "metrics.jsonl"
 TOKEN_NLL = "token_nll.npz"
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
+HPC_CHECKPOINT_PREFIX = "hpc_ckpt_"
+WANDB = "wandb"
+OLD_RUN_MARK = ".old-"
 
 
 def run_directory(root: str | Path | None, run_name: str) -> Path:
@@ -37,3 +45,10 @@ def run_directory(root: str | Path | None, run_name: str) -> Path:
 def checkpoint_dir(run_dir: str | Path) -> Path:
     """Where a run's ModelCheckpoint callbacks write unless their config names a `dirpath`."""
     return Path(run_dir) / CHECKPOINTS
+
+
+def old_run_directory(run_dir: str | Path, stamp: str) -> Path:
+    """Where `fit --overwrite_run true` moves the run that was in `run_dir`: a sibling named with the
+    time (`stamp`) the old run last wrote, e.g. `runs/quick.old-20260501-120000`."""
+    run_dir = Path(run_dir)
+    return run_dir.with_name(f"{run_dir.name}{OLD_RUN_MARK}{stamp}")

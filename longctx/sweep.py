@@ -13,48 +13,63 @@ fit, validate, test or evaluate_overlaps.
 
 Under SLURM the run directory and W&B run id come from `SLURM_ARRAY_JOB_ID`/`SLURM_ARRAY_TASK_ID`
 unless the line names its run (see `longctx.cli.run_name_from_env`). `run` gives a line without
-`--run_name` a name made from its content, `<file stem>/<subcommand>-<hash of the line>`, so a line
-keeps its folder when lines are inserted, removed or reordered, and an edited line gets a fresh one.
+`--run_name` a name made from what it is, `<file stem>/<subcommand>-<hash>`, the hash of the line's
+arguments and of what they resolve to (`longctx.config_digest`), so a line keeps its folder when lines
+are inserted, removed or reordered, and gets a fresh one when it or a config file it reads is edited.
 
-A line is identified by its command, never by its position: `summary.json` records the command line
-of each subcommand run in a directory (`commands`, see `longctx.callbacks.run_record`). `run` skips a
-line only when its run directory (`<trainer.default_root_dir>/<run_name>`, the root taken from the
-line, else `runs`) records this very line as finished, so an interrupted sweep restarts where it
-stopped; a directory that records another command for the line's subcommand (a named line that was
-edited, or two lines with one `--run_name`) is refused, not reused, as is a SLURM task whose line
-changed since the task first ran (a requeue re-reads the file): results of two commands never share
-a folder.
+A line is what it resolves to, never its position: `summary.json` records, for each subcommand run in
+a directory, its command line (`commands`) and the digest of the settings it resolved to
+(`config_digests`, see `longctx.callbacks.run_record`). `run` skips a line only when its run directory
+(`<trainer.default_root_dir>/<run_name>`, the root taken from the line, else `runs`) records this very
+line as finished with the settings the line resolves to now, so an interrupted sweep restarts where it
+stopped. A directory that holds the line's subcommand of another command (a named line that was
+edited, two lines with one `--run_name`), or of this line resolved from config files that changed
+since (or recorded before digests were kept), is refused, not reused, as is a SLURM task whose line or
+config files changed since the task first ran (a requeue re-reads them): results of two
+configurations never share a folder. The line is parsed with the CLI's own parser (one per sweep,
+built at the first line that needs it) from the current directory, as when it runs.
+A `fit` line whose folder holds its unfinished fit (failed, interrupted, diverged, or killed before
+it wrote a record) is run again with `--ckpt_path last` appended: it continues that run from its last
+checkpoint (or starts it afresh when there is none) instead of being refused as a second run in the
+folder (`longctx.run_folder`); the recorded command is the line plus that flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import io
-import json
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from longctx import run_layout
-from longctx.errors import OneLineArgumentParser, one_line, reported_as_one_line
-from longctx.run_layout import SUMMARY
+from longctx.config_digest import config_digest
+from longctx.errors import OneLineArgumentParser, one_line, read_utf8, reported_as_one_line
+from longctx.run_folder import held_run, read_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
 LONGCTX = (sys.executable, "-m", "longctx")
 # Flags that slurm/sweep.sbatch appends to a line (the job's resources): the same line on any cluster.
 LAUNCH_FLAGS = ("--trainer.devices", "--trainer.num_nodes")
+# What `run` appends to a fit line that continues its unfinished run: still the same line.
+CONTINUE = ("--ckpt_path", "last")
 
 
 def run_lines(path: Path) -> list[list[str]]:
     """The runs of a sweep file, each as an argument list."""
     runs = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    text = read_utf8(
+        path, "a sweep file is text, one command per line (e.g. `fit --config C.yaml --run_name r`)"
+    )
+    for number, line in enumerate(text.splitlines(), start=1):
         try:
             args = shlex.split(line, comments=True)
         except ValueError as err:
@@ -91,17 +106,75 @@ def option(args: list[str], name: str) -> str | None:
     return value
 
 
-def line_name(path: Path, args: list[str]) -> str:
+def without_option(args: list[str], name: str) -> list[str]:
+    """A command line without its `--name X` and `--name=X`."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            kept.append(arg)
+    return kept
+
+
+@functools.cache
+def cli_parser() -> Any:
+    """The CLI's own parser (`longctx.cli.parser_only`: seconds to build), built once per process."""
+    from longctx.cli import parser_only  # imports torch and Lightning: only when a line is parsed
+
+    return parser_only()
+
+
+class LineError(ValueError):
+    """A command line the CLI's parser refuses; the message is the line the command itself prints."""
+
+
+def parse_line(args: list[str]) -> Any:
+    """The CLI parser's config for a command line (configs read, classes and settings validated,
+    nothing instantiated); `LineError` with the command's own error line when it refuses it."""
+    parser = cli_parser()
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            return parser.parse_args(args)
+    except ValueError as err:  # ParseError: the line `python -m longctx` prints
+        raise LineError(f"error: {one_line(err)}") from err
+    except SystemExit as err:  # LONGCTX_DEBUG=1: jsonargparse's own exit
+        raise LineError(one_line(stderr.getvalue().strip() or err)) from err
+
+
+class LineResolver:
+    """What command lines resolve to now (`longctx.config_digest`), each parsed once with the CLI's
+    parser: one resolver per sweep pass, so a config file edited between passes is read again."""
+
+    def __init__(self) -> None:
+        self._digests: dict[tuple[str, ...], str] = {}
+
+    def __call__(self, args: list[str]) -> str:
+        key = tuple(without_option(args, "--run_name"))  # the digest leaves the run name out
+        if key not in self._digests:
+            self._digests[key] = config_digest(cli_parser(), parse_line(list(key)))
+        return self._digests[key]
+
+
+Resolve = Callable[[list[str]], str]
+
+
+def line_name(path: Path, args: list[str], digest: str) -> str:
     """The run name of a line without `--run_name`: the file stem, the subcommand and a hash of the
-    line's arguments (quoting, spacing and comments do not change it; any argument does)."""
-    digest = hashlib.sha256(shlex.join(args).encode()).hexdigest()[:8]
-    return f"{path.stem}/{args[0]}-{digest}"
+    line's arguments and of what they resolve to (`digest`): quoting, spacing and comments do not
+    change it; any argument does, and so does an edit of a config file the line reads."""
+    name_hash = hashlib.sha256(f"{shlex.join(args)}\n{digest}".encode()).hexdigest()[:8]
+    return f"{path.stem}/{args[0]}-{name_hash}"
 
 
-def local_run(path: Path, args: list[str]) -> tuple[list[str], Path]:
+def local_run(path: Path, args: list[str], resolve: Resolve) -> tuple[list[str], Path]:
     """A line's arguments with a run name (`line_name` unless it has one) and its run directory."""
     if option(args, "--run_name") is None:
-        args = [*args, "--run_name", line_name(path, args)]
+        args = [*args, "--run_name", line_name(path, args, resolve(args))]
     return args, run_directory(args)
 
 
@@ -111,73 +184,118 @@ def run_directory(args: list[str], run_name: str | None = None) -> Path:
     return run_layout.run_directory(root, option(args, "--run_name") or run_name or "")
 
 
-def read_summary(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / SUMMARY).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def same_command(recorded: list[str] | None, args: list[str]) -> bool:
-    """Whether a recorded command line is `args`, up to the resource flags sweep.sbatch appends."""
+    """Whether a recorded command line is `args`, up to the resource flags sweep.sbatch appends and
+    the `--ckpt_path last` that `run` appends to continue an unfinished fit."""
     if recorded is None or recorded[: len(args)] != args:
         return False
     extra = recorded[len(args) :]
-    return len(extra) % 2 == 0 and all(flag in LAUNCH_FLAGS for flag in extra[::2])
+    pairs = list(zip(extra[::2], extra[1::2]))
+    return len(extra) % 2 == 0 and all(pair[0] in LAUNCH_FLAGS or pair == CONTINUE for pair in pairs)
 
 
-def recorded_run(run_dir: Path, subcommand: str) -> tuple[str | None, list[str] | None]:
-    """(status, command line) of the last `subcommand` run in `run_dir`; None for what is not there
-    (its `statuses` and `commands` keep each subcommand's, so a `fit` line and a `test` line may
-    share a directory)."""
+def continued(run_dir: Path, args: list[str]) -> list[str]:
+    """A `fit` line as `run` runs it: with `--ckpt_path last` when its folder holds its unfinished
+    fit (the line's own: `conflict` found no other), so a retry continues that run."""
+    held = held_run(run_dir)
+    return [*args, *CONTINUE] if args[0] == "fit" and held is not None and held.has_fit else args
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a run directory records of the last run of one subcommand there; None for what it does
+    not (its `statuses`, `commands` and `config_digests` keep each subcommand's, so a `fit` line and
+    a `test` line may share a directory)."""
+
+    status: str | None
+    command: list[str] | None
+    config_digest: str | None
+
+
+def recorded_run(run_dir: Path, subcommand: str) -> Recorded:
+    """What `run_dir`'s summary.json records of the last `subcommand` run there."""
     summary = read_summary(run_dir)
     latest = {summary.get("subcommand"): summary.get("status")}
-    status = {**latest, **summary.get("statuses", {})}.get(subcommand)
-    return status, summary.get("commands", {}).get(subcommand)
-
-
-def other_command(run_dir: Path, args: list[str]) -> str | None:
-    """The command line of another command that ran `args`'s subcommand in `run_dir` (or a note that
-    it was not recorded), or None when there is none."""
-    status, recorded = recorded_run(run_dir, args[0])
-    if status is None or same_command(recorded, args):
-        return None
-    return "a command it did not record" if recorded is None else shlex.join(recorded)
-
-
-def refusal(run_dir: Path, args: list[str], recorded: str) -> str:
-    """The line for a run directory that holds another command's results."""
-    return (
-        f"{run_dir} holds the {args[0]} of another command ({recorded}); give this line its own "
-        f"--run_name, or remove {run_dir} to run it there"
+    return Recorded(
+        status={**latest, **summary.get("statuses", {})}.get(subcommand),
+        command=summary.get("commands", {}).get(subcommand),
+        config_digest=summary.get("config_digests", {}).get(subcommand),
     )
 
 
-def finished(run_dir: Path, args: list[str]) -> bool:
-    """Whether the run directory records this command line (`args`) as finished."""
-    status, recorded = recorded_run(run_dir, args[0])
-    return status == "finished" and same_command(recorded, args)
+def refusal(run_dir: Path, args: list[str], what: str) -> str:
+    """The line for a run directory that holds `args`'s subcommand of another configuration."""
+    return (
+        f"{run_dir} holds the {args[0]} {what}; give this line its own --run_name, or remove {run_dir} "
+        "to run it there"
+    )
 
 
-def run_sweep(path: Path, launcher: Sequence[str] = LONGCTX) -> int:
-    """Run each line of a sweep file in turn (a fresh `python -m longctx` per line), skipping the
-    finished ones; a failed line does not stop the others. Returns the number of lines that failed or
-    were not run (their folder holds another command's results)."""
+def conflict(run_dir: Path, args: list[str], record: Recorded, resolve: Resolve) -> str | None:
+    """Why `args` must not run in `run_dir` (`record`: what the folder holds of its subcommand), or
+    None: the folder holds that subcommand's results of another command line, or of this one resolved
+    to other settings (a config file, or a file it builds on, was edited since) or to settings it did
+    not record (written before digests were kept: a change cannot be ruled out). The recorded command
+    is resolved as it ran (with any resource flags sweep.sbatch appended), from today's files."""
+    if record.status is None:
+        return None
+    if not same_command(record.command, args):
+        held = "a command it did not record" if record.command is None else shlex.join(record.command)
+        return refusal(run_dir, args, f"of another command ({held})")
+    if record.config_digest is None:
+        return refusal(
+            run_dir,
+            args,
+            "of this line, recorded without the settings it resolved to (by an older longctx), so an "
+            "edit of its config files since cannot be ruled out",
+        )
+    if record.config_digest != resolve(record.command):
+        return refusal(
+            run_dir,
+            args,
+            "of this line with other settings: a config file it reads (or one that file builds on) "
+            "was edited since it ran",
+        )
+    return None
+
+
+def run_longctx(args: list[str]) -> int:
+    """Run one line as `python -m longctx ARGS` in a fresh process; its exit status."""
+    return subprocess.run([*LONGCTX, *args]).returncode
+
+
+def run_sweep(
+    path: Path, launch: Callable[[list[str]], int] = run_longctx, resolve: Resolve | None = None
+) -> int:
+    """Run each line of a sweep file in turn (`launch`: a fresh `python -m longctx` per line),
+    skipping the finished ones; a failed line does not stop the others. `resolve`: what a line
+    resolves to (`LineResolver`). Returns the number of lines that failed or were not run (their
+    folder holds another configuration's results)."""
+    resolve = resolve or LineResolver()
     runs = [task_arguments(path, i) for i in range(len(run_lines(path)))]
     failed, refused = [], []
     for index, line in enumerate(runs):
-        args, run_dir = local_run(path, line)
-        head = f"[{index + 1}/{len(runs)}] {run_dir}"
-        if finished(run_dir, args):
-            print(f"{head}: finished earlier, skipped", flush=True)
+        head = f"[{index + 1}/{len(runs)}] {path}:run {index}"  # until the line's folder is known
+        try:  # a line is parsed at its turn: it may read what an earlier line wrote
+            args, run_dir = local_run(path, line, resolve)
+            head = f"[{index + 1}/{len(runs)}] {run_dir}"
+            record = recorded_run(run_dir, args[0])
+            problem = conflict(run_dir, args, record, resolve)
+        except LineError as err:  # the error line the command itself would print
+            print(f"{head}: FAILED: {err}", flush=True)
+            failed.append(index)
             continue
-        if (recorded := other_command(run_dir, args)) is not None:
-            print(f"{head}: not run: {refusal(run_dir, args, recorded)}", flush=True)
+        if problem is not None:
+            print(f"{head}: not run: {problem}", flush=True)
             refused.append(index)
             continue
+        if record.status == "finished":
+            print(f"{head}: finished earlier, skipped", flush=True)
+            continue
+        args = continued(run_dir, args)
         print(f"{head}: python -m longctx {shlex.join(args)}", flush=True)
         start = time.perf_counter()
-        code = subprocess.run([*launcher, *args]).returncode
+        code = launch(args)
         status = "finished" if code == 0 else f"FAILED (exit {code})"
         print(f"{head}: {status} after {time.perf_counter() - start:.0f} s", flush=True)
         if code != 0:
@@ -200,21 +318,16 @@ def parse_sweeps(paths: list[Path]) -> dict[str, Any]:
     settings validated, nothing instantiated or run): `{"file:run i": the run's subcommand config, or
     the error line the run itself would print}`. Relative paths in the lines are resolved from the
     current directory, as when they run."""
-    from longctx.cli import parser_only
-
-    parser = parser_only()
     parsed: dict[str, Any] = {}
     for path in paths:
         for index in range(len(run_lines(path))):
-            stderr = io.StringIO()
             try:
                 args = task_arguments(path, index)
-                with contextlib.redirect_stderr(stderr):
-                    result = parser.parse_args(args)[args[0]]
-            except ValueError as err:  # ParseError: the line `python -m longctx` prints
+                result = parse_line(args)[args[0]]
+            except LineError as err:
+                result = str(err)
+            except ValueError as err:  # not a run line
                 result = f"error: {one_line(err)}"
-            except SystemExit as err:  # LONGCTX_DEBUG=1: jsonargparse's own exit
-                result = one_line(stderr.getvalue().strip() or err)
             parsed[f"{path}:run {index}"] = result
     return parsed
 
@@ -269,8 +382,13 @@ def main(argv: list[str] | None = None) -> None:
         run = task_arguments(args.sweep_file, args.task_id)
     except ValueError as err:
         sys.exit(f"error: {err}")
-    if (recorded := other_command(task_run_directory(run), run)) is not None:
-        sys.exit(f"error: task {args.task_id}: {refusal(task_run_directory(run), run, recorded)}")
+    run_dir = task_run_directory(run)
+    try:
+        problem = conflict(run_dir, run, recorded_run(run_dir, run[0]), LineResolver())
+    except LineError as err:
+        sys.exit(f"error: task {args.task_id}: {one_line(err).removeprefix('error: ')}")
+    if problem is not None:
+        sys.exit(f"error: task {args.task_id}: {problem}")
     sys.stdout.write("\0".join(run) + "\0")
 
 

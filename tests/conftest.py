@@ -70,6 +70,15 @@ def _no_wandb_run_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator
         wandb.run.finish()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="tests/test_golden.py: rewrite the golden numbers in tests/golden/ instead of comparing "
+        "them (a deliberate act: the commit message says why the numbers moved)",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every multi-process DDP test is in the slow tier (before `-m` selects by marker); every GPU test

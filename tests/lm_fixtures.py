@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.recall import TargetMarks
 from longctx.data.streams import SegmentStream
 
 
@@ -62,7 +63,7 @@ class CarryLM(LMBase):
 
 class NoTextFacts:
     """The data facts `LMBase` reads (`LMDataFacts`) for synthetic tokens that stand for no text: no
-    bytes per token, no words; segment batches unless a subclass says otherwise."""
+    bytes per token, no words, no marks; segment batches unless a subclass says otherwise."""
 
     mode = "segments"
     metric = "ppl"
@@ -72,12 +73,21 @@ class NoTextFacts:
     def word_count(self, split: str) -> int | None:
         return None
 
+    def target_marks(self, split: str) -> None:
+        return None
+
 
 class SyntheticData(NoTextFacts, pl.LightningDataModule):
-    """Streams over fixed pseudo-random tokens (64 symbols)."""
+    """Streams over fixed pseudo-random tokens (64 symbols); `marks`: the validation split's marked
+    targets (recall accuracy is logged on them), None: no marks."""
 
     def __init__(
-        self, n_tokens: int = 4001, batch_size: int = 4, seq_len: int = 16, eval_batch_size: int = 3
+        self,
+        n_tokens: int = 4001,
+        batch_size: int = 4,
+        seq_len: int = 16,
+        eval_batch_size: int = 3,
+        marks: TargetMarks | None = None,
     ):
         super().__init__()
         rng = np.random.default_rng(0)
@@ -85,6 +95,10 @@ class SyntheticData(NoTextFacts, pl.LightningDataModule):
         self.batch_size, self.seq_len, self.eval_batch_size = batch_size, seq_len, eval_batch_size
         self.vocab_size = 64
         self.metric = "bpc"
+        self.marks = marks
+
+    def target_marks(self, split: str) -> TargetMarks | None:
+        return self.marks if split == "valid" else None
 
     def _stream(self, batch_size: int, pad: bool) -> SegmentStream:
         rank, world = self.trainer.global_rank, self.trainer.world_size
@@ -129,6 +143,25 @@ def reference_eval_loss(model: CarryLM, data: SyntheticData) -> float:
             total += float((out.nll * batch["mask"]).sum())
             count += int(batch["mask"].sum())
     return total / count
+
+
+def carry_lm_cli(subcommand: str, run_name: str, *extra: str) -> list[str]:
+    """The command line (`python -m longctx` arguments) of a tiny `CarryLM` run on the `sample` corpus:
+    4 steps of 4 rows × 32 tokens, validated every 2 steps on 2 batches, tested on 2, run from a
+    folder that keeps its token `cache`; `extra` flags last."""
+    return [
+        subcommand,
+        "--model", "tests.lm_fixtures.CarryLM",
+        "--data.corpus", "sample", "--data.batch_size", "4", "--data.tgt_len", "32",
+        "--data.cache_dir", "cache",
+        "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+        "--trainer.check_val_every_n_epoch", "null",
+        "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
+        "--run_name", run_name,
+        *extra,
+    ]  # fmt: skip
 
 
 def cpu_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:

@@ -146,11 +146,16 @@ TINY_RUNS = {
         ["--methods", "transformer_xl", "--batch", "2", "--block", "32", "--warmup", "2", "--steps", "2"],
         "transformer_xl",
     ),
+    "mfu.py": (  # the workers, the table and a goal's ratio (tests/test_mfu.py: the rest)
+        ["--device", "cpu", "--tiny", "--methods", "transformer_xl", "--variants", "sdpa", "eager-uncached"],
+        "goal: XL at m = 200, evaluation with the key/value cache ≥ 3× eager without it: sdpa 1.",
+    ),
 }
 
 
 def test_every_benchmark_script_is_covered():
-    covered = [*TINY_RUNS, "tokenization.py", "gpu_report.py"]  # the last two: tests below
+    # tokenization.py, gpu_report.py: tests below; mfu_shapes.py (mfu.py's table): tests/test_mfu.py
+    covered = [*TINY_RUNS, "tokenization.py", "gpu_report.py", "mfu_shapes.py"]
     assert sorted(p.name for p in BENCHMARKS.glob("*.py")) == sorted(covered)
 
 
@@ -230,7 +235,8 @@ def test_gpu_sh_refuses_an_unknown_part_naming_the_parts():
     done = gpu_sh("tests", "benchmark", PYTHON="false")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
-        "error: no part 'benchmark'; the parts are: tests attention compile recurrence compressive\n"
+        "error: no part 'benchmark'; the parts are: "
+        "tests mfu profile attention compile recurrence compressive\n"
     )
 
 

@@ -84,8 +84,13 @@ def test_quickstart_fits_and_writes_one_run_directory(tmp_path):
     assert ckpts and all(len(p.parts) == 1 for p in ckpts), ckpts  # no sub-folders from `val/...`
     assert cli.model.vocab_size == cli.datamodule.vocab_size == 256  # linked from the data module
     assert "val/bpc" in cli.trainer.callback_metrics
-    # The same run name again (a requeue) reuses the directory: the saved config may be overwritten.
-    main(quick_args(tmp_path, "--trainer.max_steps", "1"))
+    # The same run name again is another run in its folder: refused. Continuing it is not.
+    with pytest.raises(
+        SystemExit, match=r"^error: run directory runs/quick holds a run \(fit finished, step 3, "
+    ):
+        main(quick_args(tmp_path, "--trainer.max_steps", "1"))
+    cli = main(quick_args(tmp_path, "--ckpt_path", "last", "--trainer.max_steps", "4"))
+    assert cli.trainer.global_step == 4
 
 
 def test_config_typo_is_reported(tmp_path, capsys):
@@ -163,6 +168,8 @@ def test_saved_config_records_the_precision_that_ran(tmp_path):
         cli = LongCtxCLI(args=quick_args(tmp_path, "--trainer.precision", "16-mixed")[1:], run=False)
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, LoggedConfigCallback)]
     callback.setup(cli.trainer, cli.model, "fit")
+    assert not (tmp_path / "runs" / "quick" / "config.yaml").exists()  # written when training starts
+    callback.on_train_start(cli.trainer, cli.model)
     saved = yaml.safe_load((tmp_path / "runs" / "quick" / "config.yaml").read_text())
     assert cli.trainer.precision == saved["trainer"]["precision"] == "bf16-mixed"
 

@@ -8,25 +8,30 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning
 import numpy as np
 import pytest
 import torch
 
+from longctx import context
 from longctx.cli import LongCtxCLI, main
-from longctx.context import log_to_wandb, save_figure
+from longctx.context import ContextError, log_to_wandb, save_figure
 from longctx.context import main as context_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
 from longctx.diagnostics import positions
 from longctx.diagnostics.axes import AxisError, axis_named
 from longctx.diagnostics.figures import context_figure
+from longctx.diagnostics.footprint import evaluation_bytes
 from longctx.diagnostics.recl import Gain, Recl, relative_effective_context_length, relative_gain
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
+from longctx.methods.transformer_xl.module import TransformerXLLM
 from tests.methods import tiny_adaptive_span, tiny_recurrence, tiny_transformer_xl, tiny_window_transformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -227,6 +232,9 @@ def test_a_context_point_equals_the_validate_run_with_its_flags(tmp_path, xl_che
     assert float(rows[1]["loss"]) == float(metrics["val/loss"])  # exactly
     assert float(rows[1]["bpb"]) == float(metrics["val/bpb"])
     assert int(rows[1]["tokens"]) == int(metrics["val/tokens"])
+    assert [float(row["state_size"]) for row in rows] == [0.0, 16 * 16]  # memory m x d_model
+    assert float(rows[1]["state_size"]) == float(metrics["val/state_size"])
+    assert rows[1]["recall_acc"] == rows[1]["recall_acc_first"] == ""  # the sample text has no marks
     recl_rows = read_csv(run_dir / "recl.csv")
     assert [row["r"] for row in recl_rows] == ["0.1", "0.5", "1.0"]
     assert all(row["recl"] in ("0", "16") for row in recl_rows)
@@ -238,6 +246,12 @@ def test_a_context_point_equals_the_validate_run_with_its_flags(tmp_path, xl_che
         assert arrays["nll"].astype(np.float64).sum() == pytest.approx(
             float(metrics["val/loss"]) * float(metrics["val/tokens"]), rel=1e-6
         )
+    summary = json.loads((run_dir / "summary.json").read_text())  # the command and every file it wrote
+    assert (summary["status"], summary["commands"]["context"][:2]) == ("finished", ["context", "--config"])
+    files = {str(path.relative_to(run_dir)) for path in run_dir.rglob("*") if path.is_file()}
+    assert set(summary["artifacts"]) == files - {".lock", "summary.json"}
+    assert {"context.csv", "xl/config.yaml", "xl/token_nll_memory16.npz"} <= set(summary["artifacts"])
+    assert {entry["subcommand"] for entry in summary["artifacts"].values()} == {"context"}
 
 
 def test_bad_input_is_one_line(tmp_path, monkeypatch):
@@ -248,6 +262,7 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch):
         context_main(["--config", "c.yaml", "--ckpt_path", "missing.ckpt", "--axis", "depth"])
     with pytest.raises(SystemExit, match=r"^error: 2 --config but 1 --ckpt_path: give one checkpoint per"):
         context_main(["--config", "a.yaml", "--config", "b.yaml", "--ckpt_path", "a.ckpt"])
+    assert not (tmp_path / "runs").exists()  # refused before any evaluation: no folder left behind
 
 
 @pytest.mark.slow
@@ -262,6 +277,11 @@ def test_an_axis_or_length_the_model_cannot_take_is_one_line(xl_checkpoint):
         context_main([*command, "--lengths", "-1", "16"])
     with pytest.raises(SystemExit, match=r"the trainer runs 2 processes; context evaluates in one \(add"):
         context_main([*command, "--trainer.devices", "2", "--trainer.strategy", "ddp"])
+    too_long = r"^error: --lengths 100000000: TransformerXLLM at memory length 100,000,000 needs about "
+    with pytest.raises(SystemExit, match=too_long + r"[\d.,]+ [GT]B for one evaluation step .* up to about"):
+        context_main([*command, "--lengths", "0", "100000000"])  # was a 96-line traceback at 819 GB
+    with pytest.raises(SystemExit, match=r"^error: data.batch_size: expected int, got x$"):
+        context_main([*command, "--", "--data.batch_size", "x"])  # was a ParseError traceback
 
 
 TINY = {
@@ -288,6 +308,90 @@ def test_each_axis_refuses_lengths_beyond_the_model(tmp_path, axis, model, mode,
         axis_named(axis).lengths_for(TINY[model](), data, [length])
     if "does not apply" not in message:
         assert axis_named(axis).lengths_for(TINY[model](), data, [length - 1, 1]) == [1, length - 1]
+
+
+def test_lengths_whose_memory_cannot_fit_are_refused_before_anything_is_allocated(tmp_path, monkeypatch):
+    """`--lengths 100000000` tried to allocate 819 GB, then failed in a 96-line traceback: each length's
+    evaluation step is estimated first against the memory the device has (here said to be 100 MB)."""
+    model = tiny_transformer_xl()  # 2 layers, d 16, 2 heads
+    data = LMDataModule("sample", cache_dir=str(tmp_path), tgt_len=16, eval_batch_size=4)
+    monkeypatch.setattr(context, "available_bytes", lambda device: 10**8)
+    memory = axis_named("memory")
+    context.check_memory(model, data, memory, [0, 16, 4096], torch.device("cpu"))  # fits
+    with pytest.raises(ContextError) as info:
+        context.check_memory(model, data, memory, [0, 16, 10**8], torch.device("cpu"))
+    message = str(info.value)
+    assert message.startswith(
+        "--lengths 100000000: TransformerXLLM at memory length 100,000,000 needs about 467.2 GB for one "
+        "evaluation step (data.eval_batch_size 4, segments of 16), more than the 100.0 MB available on cpu; "
+        "give lengths up to about "
+    )
+    fits = re.search(r"up to about ([\d,]+), or lower data.eval_batch_size$", message)[1]
+    fits = int(fits.replace(",", ""))
+
+    def need(length: int) -> int:
+        memory.set(model, data, length)
+        return evaluation_bytes(model, data)
+
+    assert need(fits) <= 10**8 < need(fits + 1)  # the longest length that fits, as said
+
+
+def test_the_estimate_covers_the_memory_a_transformer_xl_evaluation_holds():
+    """The dominant term is real: the buffers of the evaluation's key/value cache (and carried states)
+    after two segments at memory 512 lie within the estimate, and are most of it."""
+    model = tiny_transformer_xl(eval_mem_len=512).eval()
+    data = SimpleNamespace(eval_batch_size=2, eval_tgt_len=16)
+    memory = model.init_memory(2)
+    tokens = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        for _ in range(2):
+            memory = model.step({"input": tokens, "target": tokens, "mask": tokens >= 0}, memory).memory
+    held = sum(buffer.nbytes for buffer in memory.slots.store.buffers.values())
+    estimate = evaluation_bytes(model, data)
+    assert held <= estimate <= 3 * held
+
+
+@pytest.mark.slow  # two context commands through the CLI
+def test_ctrl_c_keeps_the_finished_points_and_exits_130(xl_checkpoint, monkeypatch, capsys):
+    """Was exit 1, no longctx line, and every finished point lost (the table was written at the end).
+    A point that runs out of memory keeps those before it, too."""
+    flags = xl_checkpoint
+    command = ["--config", flags[1], "--ckpt_path", "xl.ckpt", "--name", "xl", "--lengths", "0", "8", "16",
+               "--run_name", "ctx", "--", *flags[2:]]  # fmt: skip
+    validation_step = TransformerXLLM.validation_step
+
+    def ctrl_c_at_memory_16(self, *args, **kwargs):
+        if self.eval_lengths.mem_len == 16:
+            raise KeyboardInterrupt
+        return validation_step(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch, pytest.raises(SystemExit) as info:
+        patch.setattr(TransformerXLLM, "validation_step", ctrl_c_at_memory_16)
+        context_main(command)
+    assert info.value.code == 130
+    err = capsys.readouterr().err
+    table = Path("runs/ctx/context.csv")
+    assert (
+        f"longctx: Ctrl-C: stopped after 2 of 3 points; the finished ones are in {table} (RECL and the "
+        "figures need every point: run the command again); exit code 130"
+    ) in err
+    assert "Traceback" not in err
+    assert [(row["model"], row["context_length"]) for row in read_csv(table)] == [("xl", "0"), ("xl", "8")]
+    context_main(command)  # the same command again evaluates every point
+    assert [row["context_length"] for row in read_csv(table)] == ["0", "8", "16"]
+
+    def out_of_memory_at_16(self, *args, **kwargs):
+        if self.eval_lengths.mem_len == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return validation_step(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch, pytest.raises(SystemExit) as info:
+        patch.setattr(TransformerXLLM, "validation_step", out_of_memory_at_16)
+        context_main(command)
+    assert info.value.code == (
+        "error: xl at memory length 16: out of memory (CUDA out of memory. Tried to allocate 20.00 GiB); "
+        f"give shorter lengths or lower data.eval_batch_size (the points finished before are in {table})"
+    )
 
 
 def write_config(path: Path, base: str, overrides: dict) -> str:
@@ -341,6 +445,8 @@ def test_several_models_in_one_call_each_point_equal_to_validate(tmp_path, monke
                     "--ckpt_path", f"{name}.ckpt", "--run_name", f"validate_{name}"])  # fmt: skip
         assert float(row["loss"]) == float(cli.trainer.callback_metrics["val/loss"]), name
     assert rows[5]["loss"] != rows[7]["loss"]  # h_prev carried and reset differ
+    # Numbers per layer carried: span cap x d, attended m x d, h_prev (d) or nothing when reset.
+    assert [float(row["state_size"]) for row in rows] == [64, 128, 64, 128, 16, 16, 0, 0]
     recl_models = {row["model"] for row in read_csv(tmp_path / "runs" / "ctx" / "recl.csv")}
     assert recl_models == {"span", "trams", "gpt2", "gpt2 (h_prev reset)"}
 

@@ -12,9 +12,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from longctx.callbacks.divergence import DivergenceError, StopOnDivergence, advice
+from longctx.callbacks.nan_origin import ALL_BAD_FIX
 from longctx.cli import main
 from longctx.core.base import StepOutput
 from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer
+from tests.methods import tiny_transformer_xl
 
 
 class NanLM(CarryLM):
@@ -101,6 +103,12 @@ def test_the_per_step_check_holds_no_host_sync():
     assert step.device.type == value.device.type == "meta"
     with pytest.raises(RuntimeError):  # what a per-step read would do
         float(value)
+    # Where a NaN came from: a step keeps references and a flag on the device, read only at a read step.
+    module = CarryLM()
+    stop.on_train_batch_start(trainer, module, {"input": torch.empty(2, 4, device="meta")}, 0)
+    stop.on_before_backward(trainer, module, torch.empty((), device="meta"))
+    assert stop._micro_batches[0].nonfinite.device.type == "meta"
+    stop.on_before_optimizer_step(trainer, module, None)  # step 8 of every 50: not read, nothing raised
 
 
 def test_the_advice_fits_the_trainer():
@@ -200,6 +208,76 @@ def test_a_diverged_fit_is_recorded_as_diverged(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["status"], summary["global_step"]) == ("diverged", 6)  # read when training ended
     assert summary["error"].startswith("DivergenceError: diverged: training loss is nan at step 2;")
+
+
+# ------------------------------------------------------------------ where a non-finite loss came from
+def _stopped_fit(tmp_path: Path, model, check_every_n_steps: int = 50) -> str:
+    trainer = cpu_trainer(
+        tmp_path, max_steps=6, callbacks=[StopOnDivergence(check_every_n_steps=check_every_n_steps)]
+    )
+    with pytest.raises(DivergenceError) as info:
+        trainer.fit(model, datamodule=SyntheticData(n_tokens=2000))
+    return str(info.value)
+
+
+def test_the_line_names_the_weight_whose_gradient_went_non_finite(tmp_path):
+    """A NaN in one weight's gradient only (the loss of that step is finite): the next step's loss is
+    NaN, and the line names that weight, the first non-finite one the backward reaches."""
+    model = NanLM()
+    model.out.weight.register_hook(lambda grad: grad * math.nan if model.global_step == 2 else grad)
+    message = _stopped_fit(tmp_path, model)
+    assert message.startswith("diverged: training loss is nan at step 4; try: ")
+    assert message.endswith(
+        "; the weights were already non-finite before step 4: an update before it applied a non-finite "
+        "gradient while the loss was finite, first (in the backward's order) to out.weight (1 of 3 weight "
+        "tensors non-finite)"
+    )
+
+
+def test_a_loss_made_non_finite_outside_the_modules_and_weights_non_finite_from_the_start(tmp_path):
+    message = _stopped_fit(tmp_path, NanLM(train_from=2))  # NaN added to the loss itself
+    assert message.endswith(
+        "; at step 3 every module's output was finite: the loss computed from them is not"
+    )
+    model = NanLM()
+    with torch.no_grad():
+        model.embed.weight[3, 0] = math.nan
+    assert _stopped_fit(tmp_path, model).endswith(
+        "; the weights were non-finite as the fit started: embed.weight (1 of 3 tensors)"
+    )
+
+
+def poisoned_xl():
+    """A tiny Transformer-XL whose second block's feed-forward outputs NaN from the 3rd step on."""
+    model = tiny_transformer_xl(dropout=0.0)
+    poisoned = model.net.layers[1].ff
+    poisoned.register_forward_hook(
+        lambda module, args, out: out * math.nan if model.global_step >= 2 else None
+    )
+    return model
+
+
+def test_the_line_names_the_module_whose_output_went_non_finite(tmp_path):
+    """The step is replayed with a hook on every module, before its update, and the first non-finite
+    output (in the order the forwards return) is the poisoned module's."""
+    message = _stopped_fit(tmp_path, poisoned_xl())
+    assert message.startswith("diverged: training loss is nan at step 3; try: ")
+    assert message.endswith("; the first non-finite output at step 3: net.layers.1.ff (PositionwiseFF)")
+
+
+def test_found_after_its_update_the_line_says_how_to_find_the_origin(tmp_path, monkeypatch):
+    """Where reading a step's flag before its update would cost a sync (a GPU between two reads), the
+    update has spread the NaN to every weight by the time the verdict is read: the line says so, and
+    how to name the origin. No step is read early (no sync) but the verdict's own."""
+    monkeypatch.setattr(StopOnDivergence, "_free_to_read", staticmethod(lambda flag: False))
+    assert _stopped_fit(tmp_path, poisoned_xl()).endswith(  # read when training ended
+        "; every weight tensor is non-finite by the time it was read (the update of step 3 applied the "
+        f"non-finite gradient): {ALL_BAD_FIX}"
+    )
+    assert _stopped_fit(tmp_path, poisoned_xl(), check_every_n_steps=4).endswith(  # read at step 4
+        "; every weight tensor was already non-finite before step 4 (an update before it applied a "
+        f"non-finite gradient): {ALL_BAD_FIX}"
+    )
 
 
 class NanOnRankOne(NanLM):

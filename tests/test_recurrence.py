@@ -267,7 +267,7 @@ def bptt(checkpointing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
     b = window_batch()
     torch.manual_seed(7)  # dropout masks
-    nll, h = net(lm, b["input"], b["target"], b["mask"], b["reset"], torch.randn(2, D), checkpointing)
+    nll, h, _ = net(lm, b["input"], b["target"], b["mask"], b["reset"], torch.randn(2, D), checkpointing)
     loss = nll.mean() + h.square().mean()
     loss.backward()
     params = {**dict(lm.named_parameters()), **{f"rec.{k}": v for k, v in net.named_parameters()}}
@@ -323,7 +323,7 @@ def test_gradient_of_window_k_reaches_window_k_minus_1_except_across_a_reset():
         embeddings.append(out)
 
     hook = lm.transformer.wte.register_forward_hook(keep)
-    nll, _ = net(lm, b["input"], b["target"], b["mask"], b["reset"], h_prev=None)
+    nll, _, _ = net(lm, b["input"], b["target"], b["mask"], b["reset"], h_prev=None)
     hook.remove()
     nll[:, 1].sum().backward()  # window 1's loss only
     window0_grad = embeddings[0].grad.abs().sum((1, 2))  # (B,) gradient at window 0's embeddings

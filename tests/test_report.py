@@ -21,7 +21,7 @@ import yaml
 
 from longctx.cli import main
 from longctx.report import main as report_main
-from tests.lm_fixtures import CarryLM
+from tests.lm_fixtures import CarryLM, carry_lm_cli
 from tests.methods import config_init_args
 
 STEPS, BATCH, TGT_LEN = 4, 4, 32
@@ -33,20 +33,7 @@ class FailAtStep(pl.Callback):
             raise RuntimeError("boom at step 3")
 
 
-def _args(subcommand: str, run_name: str, *extra: str) -> list[str]:
-    return [
-        subcommand,
-        "--model", "tests.lm_fixtures.CarryLM",
-        "--data.corpus", "sample", "--data.batch_size", str(BATCH), "--data.tgt_len", str(TGT_LEN),
-        "--data.cache_dir", "cache",
-        "--trainer.accelerator", "cpu", "--trainer.logger", "false",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "2",
-        "--trainer.check_val_every_n_epoch", "null",
-        "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
-        "--run_name", run_name,
-        *extra,
-    ]  # fmt: skip
+_args = carry_lm_cli  # STEPS steps of BATCH rows × TGT_LEN tokens
 
 
 @pytest.fixture(scope="module")
@@ -331,8 +318,77 @@ def test_figures_plot_validation_bpb_of_runs_that_were_not_tested(tmp_path):
     (ax,) = figure.axes
     points = [tuple(c.get_offsets()[0]) for c in ax.collections]
     assert points == [(1e6, 2.0), (2e6, 2.5)]
-    assert [t.get_text() for t in ax.texts] == ["tested", "fit_only (val)"]
+    assert [t.get_text() for t in ax.texts] == ["1", "2"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["tested", "fit_only (val)"]
     assert ax.get_ylabel() == "bits per byte (filled: test, hollow: validation)"
+
+
+def test_each_run_directory_is_one_row_however_it_is_named(tmp_path, capsys):
+    """`report runs/a runs/a runs/a/` wrote three identical rows "for 3 runs"; a symbolic link to a
+    run is that run too."""
+    _write_run(tmp_path / "runs", "a", _finished(2.0))
+    _write_run(tmp_path / "runs", "b", _finished(2.5))
+    (tmp_path / "link").symlink_to(tmp_path / "runs" / "a")
+    a = str(tmp_path / "runs" / "a")
+    report_main(
+        [a, a, a + "/", str(tmp_path / "link"), str(tmp_path / "runs" / "b"), "--out", str(tmp_path / "out")]
+    )
+    assert [r["run"] for r in csv.DictReader((tmp_path / "out" / "report.csv").open())] == ["a", "b"]
+    out = capsys.readouterr()
+    assert "for 2 runs" in out.out
+    repeated = [
+        f"{path}: skipped, the same run directory as {a} (each run is one row)"
+        for path in (a, a, tmp_path / "link")
+    ]  # fmt: skip (`a/` is given to Python as `a`)
+    assert [line.removeprefix("longctx report: ") for line in out.err.splitlines()] == repeated
+
+
+def test_a_context_folder_is_not_a_run(tmp_path, capsys):
+    """`context` records its command and files in its folder's summary.json; `report runs/*` does not
+    take that folder for a run (its recl.csv feeds the RECL columns of the runs beside it)."""
+    _write_run(tmp_path, "a", _finished(2.0))
+    _write_run(tmp_path, "context", {"status": "finished", "subcommand": "context",
+                                     "statuses": {"context": "finished"}})  # fmt: skip
+    report_main([str(tmp_path / "a"), str(tmp_path / "context"), "--out", str(tmp_path / "out")])
+    assert [r["run"] for r in csv.DictReader((tmp_path / "out" / "report.csv").open())] == ["a"]
+    note = f"{tmp_path / 'context'}: skipped, a context diagnostics folder, not a run"
+    assert note in capsys.readouterr().err
+
+
+def test_the_numbers_of_nearby_points_never_overlap_and_name_their_runs(tmp_path):
+    """Four XL-family runs at one spot printed their names over one another: each point now carries
+    its row's number, placed apart from every other number and point inside the axes, and the legend
+    names the run of each number."""
+    from longctx.report import number_box, scatter
+
+    rows = []
+    for i, name in enumerate(["xl", "rpe", "trams", "xl_no_memory", "compressive", "span", "window"]):
+        crowd = i < 5  # five at (almost) one spot, the others apart
+        rows.append({"run": name, "status": "finished", "val_bpb": None,
+                     "test_bpb": 2.0 + (0.0001 * i if crowd else 0.4 * i),
+                     "flops_per_token": 1e6 * (1 + (0.0001 * i if crowd else 0.5 * i))})  # fmt: skip
+    figure, left_out = scatter(rows, "flops_per_token", "FLOPs per token")
+    assert left_out == []
+    (ax,) = figure.axes
+    renderer = figure.canvas.get_renderer()
+    numbers = ax.texts
+    assert [t.get_text() for t in numbers] == [str(i) for i in range(1, len(rows) + 1)]
+    for number, row in zip(numbers, rows):  # each number points at its run's point
+        assert number.xy == (row["flops_per_token"], row["test_bpb"])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [row["run"] for row in rows]
+    boxes = [number_box(t, renderer, pad=0) for t in numbers]
+    inside = ax.get_window_extent(renderer)
+    assert all(
+        inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1 for b in boxes
+    )
+    overlapping = [
+        (i + 1, j + 1) for i, a in enumerate(boxes) for j, b in enumerate(boxes) if i < j and a.overlaps(b)
+    ]
+    assert overlapping == []
+    markers = [ax.transData.transform((row["flops_per_token"], row["test_bpb"])) for row in rows]
+    on_a_point = [(i + 1, j + 1) for i, b in enumerate(boxes) for j, (x, y) in enumerate(markers)
+                  if b.contains(x, y)]  # fmt: skip
+    assert on_a_point == []
 
 
 def test_long_range_columns_read_the_marked_positions_and_the_context_runs_recl(tmp_path):
@@ -373,3 +429,72 @@ def test_long_range_columns_read_the_marked_positions_and_the_context_runs_recl(
     assert rows["xl"]["recl_r0.1"] == "32 (memory)"
     assert rows["xl"]["recl_r0.01"] == "48+ (memory)"
     assert [rows["gpt2"][c] for c in ("long_range_loss", "near_loss", "recl_r0.1")] == ["-", "-", "-"]
+
+
+def test_recall_columns_table_by_distance_and_figures(tmp_path):
+    """On mqar text: the accuracy columns from summary.json, steps to the threshold (">N" when not
+    reached), the state size; recall by distance from token_nll.npz `correct` at the marks, in the
+    same bins for every run; the state-size figure takes the runs and a sibling context run."""
+    from longctx.data.mqar import MQARSettings, generate
+    from longctx.data.synth import load_marks
+    from longctx.diagnostics import recall
+
+    data = tmp_path / "mqar"
+    generate(MQARSettings(pairs=3, keys=40, values=40, filler_vocab=30, min_distance=6, max_distance=20,
+                          train_tokens=3000, eval_tokens=3000), data)  # fmt: skip
+    marks = load_marks(data, "test")
+    text = (data / "test.txt").read_text()
+    offset = np.arange(1, len(text.split()) + text.count("\n"))
+    files = {split: str(data / f"{split}.txt") for split in ("train", "valid", "test")}
+    near = marks["offset"][marks["distance"] < 12]  # the runs get exactly these answers right
+    runs = {
+        "xl": ({"reached_step": 3250, "global_step": 3250}, 0.8, 12800.0),
+        "rpe": ({"reached_step": None, "global_step": 20000}, 0.3, 0.0),
+    }
+    for name, (stop, first, state_size) in runs.items():
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        metrics = {"test/loss": 2.0, "test/recall_acc": 0.5, "test/recall_acc_first": first,
+                   "val/recall_acc_first": first, "test/state_size": state_size}  # fmt: skip
+        summary = {"status": "finished", "subcommand": "test", "metrics": metrics, "recall_stop": stop}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        config = {"data": {"corpus": "text_files", "files": files, "tokenizer": "words"}}
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        np.savez(run_dir / "token_nll.npz", nll=np.ones(offset.shape, np.float32), offset=offset,
+                 correct=np.isin(offset, near))  # fmt: skip
+    context = tmp_path / "runs" / "context"
+    context.mkdir()
+    (context / "context.csv").write_text(
+        "model,axis,context_length,state_size,recall_acc,recall_acc_first\n"
+        "xl,memory,0,0,0.4,0.33\nxl,memory,64,8192,0.9,0.85\n"
+    )
+    out = tmp_path / "out"
+    report_main([str(tmp_path / "runs" / "xl"), str(tmp_path / "runs" / "rpe"), "--out", str(out)])
+    with (out / "report.csv").open() as f:
+        rows = {row["run"]: row for row in csv.DictReader(f)}
+    assert [rows["xl"][c] for c in ("test_recall_acc", "test_recall_acc_first", "steps_to_acc")] == [
+        "0.5", "0.8", "3250"
+    ]  # fmt: skip
+    assert rows["rpe"]["steps_to_acc"] == ">20000" and float(rows["rpe"]["state_size"]) == 0.0
+    with (out / "recall_by_distance.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert {row["run"] for row in table} == {"xl", "rpe"}
+    for row in table:
+        low, high = int(row["distance_from"]), int(row["distance_to"])
+        in_bin = (marks["distance"] >= low) & (marks["distance"] <= high)
+        assert int(row["answers"]) == in_bin.sum()
+        assert int(row["first_answers"]) == (in_bin & (marks["query"] == 0)).sum()
+        assert float(row["recall_acc"]) == (
+            1.0 if high < 12 else 0.0
+        )  # 12 is a bin edge: no bin straddles it
+    assert [int(row["distance_from"]) for row in table[:8]] == [6, 8, 10, 12, 14, 15, 17, 19]
+    answers = [recall.run_answers(n, tmp_path / "runs" / n, config, "test") for n in ("xl", "rpe")]
+    context_points = recall.context_points([tmp_path / "runs" / "xl"])
+    assert [(p["state_size"], p["recall"]) for p in context_points] == [(0.0, 0.33), (8192.0, 0.85)]
+    run_point = {"run": "xl", "state_size": 12800.0, "recall": 0.8}
+    (ax,) = recall.state_size_figure([run_point], context_points).axes
+    assert [tuple(line.get_xydata()[:, 1]) for line in ax.lines] == [(0.33, 0.85)]  # the context model
+    (ax,) = recall.distance_figure(recall.by_distance(answers, recall.distance_edges(answers)), answers).axes
+    assert len(ax.lines) == 2 * 2 + 1  # all answers and first queries per run, and chance 1/3
+    for name in ("recall_vs_distance.png", "recall_vs_state_size.png", "recall_by_distance.md"):
+        assert (out / name).stat().st_size > 0

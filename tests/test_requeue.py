@@ -16,13 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.fake_slurm import free_port, slurm_node_env
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path: Path, env: dict[str, str], ntasks: int, *extra: str) -> None:
+def _run(tmp_path: Path, env: dict[str, str], ntasks: int, *extra: str, code: int = 0) -> str:
+    """Run the job; its stderr (the launching process's)."""
     launcher = ["srun"] if ntasks > 1 else []
     args = [
         *launcher, sys.executable, "-m", "longctx", "fit",
@@ -40,7 +42,8 @@ def _run(tmp_path: Path, env: dict[str, str], ntasks: int, *extra: str) -> None:
     env = {**env, "MASTER_PORT": str(free_port())}
     result = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     logs = "".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("rank*.log")))
-    assert result.returncode == 0, result.stderr[-3000:] + logs
+    assert result.returncode == code, result.stderr[-3000:] + logs
+    return result.stderr
 
 
 def _records(path: Path) -> list[dict]:
@@ -84,3 +87,42 @@ def test_sigusr1_checkpoints_requeues_and_resumes_exactly(tmp_path, ntasks):
         )
         assert interrupted == reference
         assert [r["step"] for r in interrupted] == list(range(24))
+
+
+@pytest.mark.slow
+def test_a_requeue_after_sigterm_resumes_the_newest_checkpoint_and_keeps_last_ckpt_newest(tmp_path):
+    """SIGUSR1 saves the requeue checkpoint at step 10; training goes on until SLURM's SIGTERM, which
+    saves last.ckpt at step 12. The requeued job resumes from the newer (step 12), not Lightning's
+    requeue checkpoint, and its last checkpoint replaces last.ckpt (never a last-v1.ckpt beside it)."""
+    env = slurm_node_env(
+        tmp_path,
+        1,
+        SLURM_JOB_ID="4242", SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="2",
+        SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
+    )  # fmt: skip
+    (tmp_path / "record").mkdir()
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text("#!/usr/bin/env bash\n")
+    scontrol.chmod(0o755)
+    save_last = ("--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_last=true")
+    signals = (
+        "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep", "--trainer.callbacks.step=10",
+        "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep", "--trainer.callbacks.step=12",
+        "--trainer.callbacks.signal_name=SIGTERM",
+    )  # fmt: skip
+    _run(tmp_path, env, 1, *save_last, *signals, code=143)
+    run_dir = tmp_path / "runs" / "slurm-4240_2"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(run_dir / "hpc_ckpt_1.ckpt", weights_only=False)["global_step"] == 10
+    assert torch.load(last, weights_only=False)["global_step"] == 12
+    stderr = _run(tmp_path, env, 1, *save_last)  # the requeued job: no --ckpt_path
+    assert f"longctx: SLURM requeue: resuming from {last}" in stderr
+    assert torch.load(last, weights_only=False)["global_step"] == 24
+    assert sorted(p.name for p in last.parent.glob("last*")) == ["last.ckpt"]
+
+    (tmp_path / "record").rename(tmp_path / "interrupted")
+    (tmp_path / "record").mkdir()
+    _run(tmp_path, {**env, "SLURM_ARRAY_TASK_ID": "3"}, 1, *save_last)
+    interrupted, reference = (_records(tmp_path / d / "rank0.jsonl") for d in ("interrupted", "record"))
+    assert interrupted == reference  # from step 12 on, not again from the requeue checkpoint's 10
+    assert [r["step"] for r in interrupted] == list(range(24))

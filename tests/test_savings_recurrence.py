@@ -36,7 +36,7 @@ def bptt(
     torch.manual_seed(7)  # dropout masks
     # No cast cache: a bf16 weight copy shared by all windows would sum their gradients in bf16.
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast, cache_enabled=False):
-        nll, h = net(
+        nll, h, _ = net(
             lm, b["input"], b["target"], b["mask"], b["reset"], h_prev,
             checkpoint_windows=mode != "plain", window_by_window=mode == "reverse",
             loss_chunk=7 if lean else 0,

@@ -91,6 +91,10 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resumes_exactly(tmp_path):
     resumed, log = _fit(tmp_path, "run", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "fit finished at step 12" in log, log
+    # last.ckpt is the finished model: the callback took the SIGTERM checkpoint as its own last one
+    # (it wrote the newer weights as last-v1.ckpt beside the stale step-5 file).
+    assert torch.load(checkpoint, weights_only=False)["global_step"] == 12
+    assert sorted(p.name for p in checkpoint.parent.glob("last*")) == ["last.ckpt"]
     summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
     # Training tokens count on through the checkpoint: 12 steps of 4 rows × 32 targets.
     assert (summary["status"], summary["train_tokens"]) == ("finished", 12 * 4 * 32)

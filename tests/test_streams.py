@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from longctx.data.streams import SegmentStream, units_in_piece
+from longctx.data.streams import SegmentStream, StreamMismatch, units_in_piece
 
 
 def positions(n: int) -> np.ndarray:
@@ -187,23 +187,34 @@ def test_resume_after_the_last_batch_starts_the_next_epoch():
     assert len(list(resumed)) == len(resumed) and resumed.epoch == 1
 
 
+FRESH = "or start a fresh run (another --run_name, no --ckpt_path)"
+
+
 @pytest.mark.parametrize(
-    "change,field",
+    "change,expected",
     [
-        ({"batch_size": 4}, "batch_size"),
-        ({"seq_len": 12}, "seq_len"),
-        ({"overlap": 2}, "overlap"),
-        ({"windows_per_batch": 3}, "windows_per_batch"),
-        ({"tokens": positions(300)}, "n_tokens"),
+        ({"batch_size": 4}, "cut with data.batch_size 2, this run has 4: the stream cannot resume where it "
+         f"stopped with another layout; resume with --data.batch_size 2, {FRESH}"),
+        ({"seq_len": 12}, "cut with data.tgt_len 10, this run has 12: the stream cannot resume where it "
+         f"stopped with another layout; resume with --data.tgt_len 10, {FRESH}"),
+        ({"overlap": 2}, "cut with data.overlap 0, this run has 2:"),
+        ({"windows_per_batch": 3}, "cut with data.windows_per_batch 2, this run has 3:"),
+        ({"tokens": positions(300)}, "holds 200 tokens, this run's 300: the run was trained on other data "
+         "(data.corpus, data.split_sources, data.files, data.tokenizer); resume with the data it was "
+         f"trained on, {FRESH}"),
     ],
-)
-def test_resume_with_another_layout_is_refused(change, field):
+)  # fmt: skip
+def test_resume_with_another_layout_is_refused_naming_the_setting(change, expected):
+    """One line through the CLI (`StreamMismatch` is a `BadInput`); was a ValueError traceback naming
+    the stream's own field (`seq_len`) instead of the setting (`data.tgt_len`)."""
     kwargs = dict(tokens=positions(200), batch_size=2, seq_len=10, overlap=0, windows_per_batch=2)
     stream = SegmentStream(**kwargs)
     next(iter(stream))
     state = stream.state_dict()
-    with pytest.raises(ValueError, match=rf"checkpoint's data stream has {field}=.*this run {field}="):
+    with pytest.raises(StreamMismatch) as info:
         SegmentStream(**{**kwargs, **change}).load_state_dict(state)
+    assert str(info.value).startswith("the checkpoint's training stream ")
+    assert expected in str(info.value)
 
 
 def test_resume_of_a_state_without_format_version_is_refused():

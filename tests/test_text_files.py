@@ -253,3 +253,66 @@ def test_the_data_root_plays_no_part_for_text_files(tmp_path):
         assert not (tmp_path / root).exists()
         caches.add(data.corpus.path)
     assert len(caches) == 1
+
+
+# ------------------------------------------------------------------ tokenizer: words
+WORD_TRAIN = "k1 v7 k2 v3 f0 k1 v7\nf0 f0 k2 v3\n\nk9  v7\tf0\r\n"
+WORD_EVAL = "k1 v8 f0 zz\nk2 v3\n"
+
+
+def word_ids_by_hand(text: str, vocabulary: list[str]) -> list[int]:
+    """Whitespace tokens of every line plus `<eos>` at its end, looked up (`<unk>` when absent)."""
+    index = {word: i for i, word in enumerate(vocabulary)}
+    lines = text.replace("\r\n", "\n").split("\n")[:-1]  # every line above ends with a newline
+    return [index.get(word, index["<unk>"]) for line in lines for word in [*line.split(), "<eos>"]]
+
+
+def test_words_vocabulary_comes_from_train_and_other_words_are_unk_and_counted(tmp_path):
+    (tmp_path / "train.txt").write_text(WORD_TRAIN, encoding="utf-8")
+    (tmp_path / "eval.txt").write_text(WORD_EVAL, encoding="utf-8")
+    files = {"train": "train.txt", "valid": "eval.txt", "test": "eval.txt"}
+    data = text_files(tmp_path, files, tokenizer="words", batch_size=1, tgt_len=4)
+    # <eos> first, then by decreasing count in train, ties in order of first appearance; <unk> last.
+    vocabulary = ["<eos>", "f0", "v7", "k1", "k2", "v3", "k9", "<unk>"]
+    assert (data.corpus.path / "vocab.txt").read_text().split("\n")[:-1] == vocabulary
+    assert (data.vocab_size, data.metric) == (len(vocabulary), "ppl")
+    for split, text in (("train", WORD_TRAIN), ("valid", WORD_EVAL), ("test", WORD_EVAL)):
+        assert data.corpus.split(split).tokens.tolist() == word_ids_by_hand(text, vocabulary)
+    assert data.out_of_vocabulary()["valid"] == {"tokens": 8, "oov_tokens": 2, "oov_fraction": 2 / 8}
+    assert data.out_of_vocabulary()["train"]["oov_tokens"] == 0
+    # Bits per byte count the normalised text: each word and one space, a newline per line.
+    train = data.corpus.split("train").tokens
+    normalised = sum(sum(len(word) + 1 for word in line.split()) + 1 for line in WORD_TRAIN.splitlines())
+    assert int(data.corpus.token_bytes[train].sum()) == normalised
+
+
+def test_words_vocabulary_size_is_read_at_init_and_an_edited_file_is_tokenized_again(tmp_path, monkeypatch):
+    """The CLI links data.vocab_size after __init__: the words vocabulary is built then; an edit that
+    keeps the size changes the cache (it is keyed by content)."""
+    path = tmp_path / "a.txt"
+    path.write_text("a b c\nb c\n", encoding="utf-8")
+    files = {s: str(path) for s in ("train", "valid", "test")}
+    options = {"cache_dir": str(tmp_path / "cache"), "tokenizer": "words", "batch_size": 1, "tgt_len": 2}
+    before = LMDataModule("text_files", files=files, **options)
+    assert before.vocab_size == 5  # <eos> b c a <unk>
+    before_cache = before.spec.path
+    path.write_text("a b d\nd d\n", encoding="utf-8")
+    monkeypatch.setattr(cache, "_SOURCE_DIGESTS", {})  # a new run: a new process
+    after = LMDataModule("text_files", files=files, **options)
+    after.prepare_data()
+    after.setup()
+    assert after.vocab_size == 5 and after.corpus.path != before_cache
+    assert (after.corpus.path / "vocab.txt").read_text().split() == ["<eos>", "d", "a", "b", "<unk>"]
+
+
+def test_a_words_split_with_fewer_tokens_than_one_batch_fails_at_setup(tmp_path):
+    (tmp_path / "a.txt").write_text("longword " * 10, encoding="utf-8")  # 90 bytes, 11 tokens
+    message = r"^data\.files train: .*a\.txt has 11 tokens, fewer than the 33 "
+    with pytest.raises(TextFileError, match=message):
+        text_files(tmp_path, {s: "a.txt" for s in ("train", "valid", "test")}, tokenizer="words", tgt_len=16)
+
+
+def test_the_words_tokenizer_belongs_to_text_files(tmp_path):
+    message = r"^data\.tokenizer: words reads your own files \(corpus text_files\)"
+    with pytest.raises(ValueError, match=message):
+        LMDataModule("wikitext103_raw", tokenizer="words", cache_dir=str(tmp_path))

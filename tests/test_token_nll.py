@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from longctx.callbacks.token_nll import TOKEN_NLL_FILE, TokenNLLWriter
 from longctx.cli import LongCtxTrainer, main
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.recall import TargetMarks
 from longctx.data.cache import TokenizedCorpus, TokenizedSplit
 from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
@@ -114,16 +115,34 @@ def test_the_nll_at_offset_i_is_the_prediction_of_token_i(tmp_path):
     assert_adds_up(arrays, metrics["val/loss"], metrics["val/tokens"])
 
 
+# Every third target marked, as the answers of episodes of 4 queries (offsets 2, 5, 8, ...).
+MARKS = TargetMarks(np.arange(2, N_TOKENS, 3), np.arange(len(range(2, N_TOKENS, 3))) % 4)
+
+
 @pytest.mark.parametrize("method", list(METHODS))
-def test_every_methods_file_adds_up_to_the_logged_total(tmp_path, method):
+def test_every_methods_file_adds_up_to_the_logged_total_and_its_correctness_to_the_recall(tmp_path, method):
+    """The file's NLL sums to the logged total; its `correct` on the marked offsets gives the logged
+    recall accuracies (tests/test_recall.py checks `correct` is each method's argmax)."""
     build, data_class = METHODS[method]
     pl.seed_everything(0)
-    data = data_class(n_tokens=N_TOKENS, eval_batch_size=4, seq_len=16)
+    data = data_class(n_tokens=N_TOKENS, eval_batch_size=4, seq_len=16, marks=MARKS)
     metrics, arrays = validate_writing(build(), data, tmp_path)
     assert_adds_up(arrays, metrics["val/loss"], metrics["val/tokens"])
     assert np.isfinite(arrays["nll"]).all() and (arrays["nll"] > 0).all()
     if "trams" not in method:
         np.testing.assert_array_equal(arrays["offset"], np.arange(1, N_TOKENS))
+    assert_recall_is_read_from_the_file(arrays, metrics)
+
+
+def assert_recall_is_read_from_the_file(arrays: dict[str, np.ndarray], metrics: dict[str, float]) -> None:
+    """val/recall_acc* equal the share of `correct` on the marked offsets the file holds (all, query 0)."""
+    assert arrays["correct"].dtype == bool and arrays["correct"].shape == arrays["nll"].shape
+    marked = np.isin(arrays["offset"], MARKS.offset)
+    query = MARKS.query[np.searchsorted(MARKS.offset, arrays["offset"][marked])]
+    hits = arrays["correct"][marked]
+    assert metrics["val/recall_answers"] == marked.sum() > 0
+    assert metrics["val/recall_acc"] == pytest.approx(hits.mean(), abs=1e-7)
+    assert metrics["val/recall_acc_first"] == pytest.approx(hits[query == 0].mean(), abs=1e-7)
 
 
 def test_the_trams_protocol_file_leaves_out_the_first_token_of_every_segment(tmp_path):
@@ -249,9 +268,11 @@ def test_two_ranks_write_the_one_process_file(tmp_path, method):
     build, data_class = METHODS[method]
     pl.seed_everything(0)
     model = build()
-    data = data_class(n_tokens=N_TOKENS, eval_batch_size=4, seq_len=16)
+    data = data_class(n_tokens=N_TOKENS, eval_batch_size=4, seq_len=16, marks=MARKS)
     _, single = validate_writing(model, data, tmp_path / "single")
     ddp_metrics, ddp = validate_writing(model, data, tmp_path / "ddp", devices=2, strategy="ddp_spawn")
     assert_adds_up(ddp, ddp_metrics["val/loss"], ddp_metrics["val/tokens"])
     np.testing.assert_array_equal(ddp["offset"], single["offset"])
     np.testing.assert_allclose(ddp["nll"], single["nll"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(ddp["correct"], single["correct"])
+    assert_recall_is_read_from_the_file(ddp, ddp_metrics)  # the sums of both ranks

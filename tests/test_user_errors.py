@@ -6,7 +6,10 @@ through `main` itself to pin the whole path. docs/bad_inputs.md lists every line
 
 from __future__ import annotations
 
+import os
 import pickle
+import random
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -280,6 +283,15 @@ def test_random_bytes_are_not_a_checkpoint(tmp_path, tiny_model):
         load_tensors_file(legacy)
 
 
+@pytest.mark.parametrize("seed", [2, 20])  # seeds whose bytes drive the unpickler to IndexError, KeyError
+def test_any_random_bytes_are_not_a_checkpoint(tmp_path, seed):
+    """CI once drew random bytes on which the unpickler popped an empty stack: a traceback."""
+    noise = tmp_path / "noise.ckpt"
+    noise.write_bytes(random.Random(seed).randbytes(2000))
+    with pytest.raises(NotACheckpoint, match=rf"^{noise} is not a readable PyTorch checkpoint"):
+        load_tensors_file(noise)
+
+
 def test_hostile_torch_zip_is_refused_naming_the_global(tmp_path, tiny_model, capsys):
     hostile = tmp_path / "hostile.ckpt"
     torch.save({"state_dict": tiny_model.state_dict(), "x": Payload()}, hostile)
@@ -289,6 +301,38 @@ def test_hostile_torch_zip_is_refused_naming_the_global(tmp_path, tiny_model, ca
     assert message.startswith(f"{hostile} is not a longctx checkpoint: its pickle names print, ")
     assert "refuses unsafe content" in message and "weights_only" not in message
     assert "this must never run" not in capsys.readouterr().out
+
+
+class SystemCall:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+class Spawn(SystemCall):
+    def __reduce__(self):
+        return (subprocess.Popen, (self.command.split(),))
+
+
+@pytest.mark.parametrize(
+    "payload, named",
+    [(SystemCall, "os.system (posix.system)"), (Spawn, "subprocess.Popen (commands.Popen)")],
+)
+def test_a_hostile_torch_zip_calling_the_system_names_the_global(tmp_path, tiny_model, payload, named):
+    """torch blocks the `posix` module outright with another message than for a global off its list:
+    this was "not a readable PyTorch checkpoint (Check the documentation ...)", blaming truncation."""
+    hostile, ran = tmp_path / "hostile.ckpt", tmp_path / "ran"
+    torch.save({"state_dict": tiny_model.state_dict(), "x": payload(f"touch {ran}")}, hostile)
+    with pytest.raises(NotACheckpoint) as info:
+        check_checkpoint_fits(hostile, tiny_model)
+    assert str(info.value) == (
+        f"{hostile} is not a longctx checkpoint: its pickle names {named}, which is neither a tensor nor "
+        "plain data, and longctx refuses unsafe content (unpickling it could run any code); give a "
+        "checkpoint that longctx wrote or converted"
+    )
+    assert not ran.exists()
 
 
 def test_export_of_the_wrong_checkpoint_is_one_line(tmp_path, tiny_model):
@@ -324,7 +368,6 @@ def test_report_without_run_directories_is_one_line():
 
 def test_sweep_of_a_missing_file_or_a_line_that_is_no_run_is_one_line(tmp_path):
     """Through the module's own entry point (a fresh interpreter: `python -m longctx.sweep`)."""
-    import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[1]

@@ -5,6 +5,8 @@
   the `progress:` config section).
 - `StopOnDivergence`: a NaN, infinite or out-of-bound loss stops `fit` with `DivergenceError`
   (registered by the CLI: the `divergence:` config section).
+- `StopAtAccuracy`: validation recall at or above a threshold stops `fit` and records the step
+  (registered by the CLI: the `recall_stop:` config section; off unless `min_acc` is set).
 - `CheckpointOnSigterm`: SIGTERM (Ctrl-C) during `fit` saves `last.ckpt` and exits 143 (130) (registered
   by the CLI).
 - `RunRecord` (+ `recorded`): `summary.json` and `metrics.jsonl` in the run directory (registered by
@@ -15,6 +17,7 @@
   (added by the CLI's `--write_token_nll true`).
 """
 
+from longctx.callbacks.accuracy_stop import StopAtAccuracy
 from longctx.callbacks.compile import CompileNetwork
 from longctx.callbacks.divergence import DivergenceError, StopOnDivergence
 from longctx.callbacks.progress import ProgressLog
@@ -28,6 +31,7 @@ __all__ = [
     "DivergenceError",
     "ProgressLog",
     "RunRecord",
+    "StopAtAccuracy",
     "StopOnDivergence",
     "UpdateEveryAfter",
     "recorded",

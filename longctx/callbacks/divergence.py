@@ -26,6 +26,10 @@ checkpoints of its last validation with finite metrics (`last.ckpt` included), f
 `fit --ckpt_path last` with a lower learning rate can go on. Under DDP the training loss is averaged
 over the ranks (an all-reduce on the device) before the verdict, so every rank stops at the same step
 (one rank stopping alone would leave the others waiting in the next collective).
+
+The line of a non-finite training loss also says where it came from: the first module whose output,
+or the first weight whose gradient, was not finite (`nan_origin`: the step is replayed once, with
+hooks, before its update when that costs no extra sync; a healthy step keeps references only).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ import lightning.pytorch as pl
 import torch
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.trainer.states import TrainerFn
+
+from longctx.callbacks.nan_origin import StepRecord, memory_before, nonfinite_weights, origin, weights_note
+from longctx.errors import one_line
 
 
 class DivergenceError(RuntimeError):
@@ -63,6 +70,9 @@ class StopOnDivergence(pl.Callback):
         self.max_loss_factor = max_loss_factor
         self.check_every_n_steps = check_every_n_steps
         self._first_bad: tuple[torch.Tensor, torch.Tensor] | None = None  # (step, loss) on the device
+        self._micro_batches: list[StepRecord] = []  # this optimizer step's batches, by reference
+        self._origin: str | None = None  # where the first non-finite loss came from, once found
+        self._nonfinite_at_start: list[str] = []
 
     def max_loss(self, pl_module: pl.LightningModule) -> float | None:
         """The bound in nats, or None (no factor, or a module without a vocabulary size)."""
@@ -74,6 +84,52 @@ class StopOnDivergence(pl.Callback):
     # ------------------------------------------------------------------ training loss
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._first_bad = None
+        self._micro_batches, self._origin = [], None
+        self._nonfinite_at_start = nonfinite_weights(pl_module)  # initialised or loaded so (one read)
+
+    # ------------------------------------------------------------------ where a non-finite loss came from
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        kept = (
+            self._micro_batches[-trainer.accumulate_grad_batches + 1 :]
+            if trainer.accumulate_grad_batches > 1
+            else []
+        )
+        self._micro_batches = [*kept, StepRecord(batch, batch_idx, memory_before(pl_module))]
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        if self._micro_batches:
+            self._micro_batches[-1].nonfinite = ~torch.isfinite(loss.detach())  # on the device
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Before the update: find where the step's non-finite loss came from, if reading its flag costs
+        no sync (on the CPU) or the verdict is read at this step anyway."""
+        records, self._micro_batches = self._micro_batches, []
+        flagged = [record for record in records if record.nonfinite is not None]
+        step = trainer.global_step + 1  # the step being taken, as the verdict counts it
+        free = all(self._free_to_read(record.nonfinite) for record in flagged)
+        if self._origin is not None or not flagged or not (free or step % self.check_every_n_steps == 0):
+            return
+        if (bad := next((record for record in flagged if bool(record.nonfinite)), None)) is not None:
+            at_start = self._nonfinite_at_start
+            self._origin = self._found(lambda: origin(trainer, pl_module, bad, step, at_start))
+
+    @staticmethod
+    def _free_to_read(flag: torch.Tensor) -> bool:
+        """Whether reading `flag` on the host costs no device sync (a CPU tensor)."""
+        return flag.device.type == "cpu"
+
+    @staticmethod
+    def _found(search: Any) -> str:
+        try:
+            return search()
+        except Exception as err:  # the search must never hide the divergence itself
+            return f"its origin could not be found ({type(err).__name__}: {one_line(err)[:100]})"
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -105,7 +161,10 @@ class StopOnDivergence(pl.Callback):
             return
         step, value = int(self._first_bad[0]), float(self._first_bad[1])  # the host sync
         if step >= 0:
-            raise DivergenceError(self._message(trainer, pl_module, "training loss", value, step))
+            message = self._message(trainer, pl_module, "training loss", value, step)
+            if self._origin is None and not math.isfinite(value):  # found after its update
+                self._origin = self._found(lambda: weights_note(pl_module, step))
+            raise DivergenceError(message + (f"; {self._origin}" if self._origin else ""))
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:

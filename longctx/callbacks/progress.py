@@ -53,14 +53,17 @@ class ProgressLog(pl.Callback):
         self.every_n_steps = every_n_steps
         self.enabled = enabled
         self._active = False
+        self._training = False  # training began: a stop gets the closing line
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._active = self.enabled if self.enabled is not None else not sys.stdout.isatty()
+        self._training = False
         if self._active and stage == "fit" and trainer.progress_bar_callback is not None:
             trainer.progress_bar_callback.disable()  # its redraws would flood the file
 
     # ------------------------------------------------------------------ progress lines
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._training = True
         now = time.perf_counter()
         self._start_time, self._start_step = now, trainer.global_step
         self._window_time, self._window_tokens, self._paused = now, None, 0.0
@@ -116,7 +119,9 @@ class ProgressLog(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        if trainer.is_global_zero and trainer.state.fn == TrainerFn.FITTING:
+        # A fit refused before training began says so in its one error line, and leaves no run
+        # directory for this line to name (`longctx.run_folder.undone_if_refused`).
+        if trainer.is_global_zero and trainer.state.fn == TrainerFn.FITTING and self._training:
             # A signal's checkpoint is written after this hook (CheckpointOnSigterm comes later in
             # the callbacks): name the file it is writing, not "no checkpoint saved".
             signal_save = isinstance(exception, SIGTERMException) and any(

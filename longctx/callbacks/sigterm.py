@@ -15,8 +15,18 @@ there: Lightning forwards the signal to the ranks it launched). A process that s
 ignored (`nohup`, a background job of a script) keeps ignoring it.
 
 SLURM's own requeue path is unchanged: SIGUSR1 (`#SBATCH --signal=SIGUSR1@90`) still makes Lightning
-save `hpc_ckpt_N.ckpt` and requeue, and a requeued job with no `--ckpt_path` resumes from it. The
-SIGTERM that SLURM sends when it then ends the job also lands here and leaves a `last.ckpt` as well.
+save `hpc_ckpt_N.ckpt` and requeue, and a requeued job with no `--ckpt_path` resumes (from the newer
+of it and `last.ckpt`: `longctx.cli`). The SIGTERM that SLURM sends when it then ends the job also
+lands here and leaves a `last.ckpt` as well.
+
+`last.ckpt` stays the newest model. A `ModelCheckpoint(save_last=True)` writes its last checkpoint
+under a new name (`last-v1.ckpt`) when a file of that name exists that it does not know as its own
+(`last_model_path`, kept in its checkpointed state), and it never knows the `last.ckpt` saved here or
+before a requeue: a run resumed from that file would write its newer weights as `last-v1.ckpt`
+beside the stale `last.ckpt`. So a resumed fit's checkpoint callbacks take the `last.ckpt` of their
+folder as their own (`adopt_last_checkpoints`): a run folder holds one run (`longctx.run_folder`),
+so the file is this run's, and their next save replaces it. Their top-k checkpoints keep Lightning's
+names.
 """
 
 from __future__ import annotations
@@ -73,6 +83,10 @@ class CheckpointOnSigterm(pl.Callback):
             signal.signal(signal.SIGINT, self._previous_sigint)
             self._previous_sigint = None
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.ckpt_path is not None:  # resumed: its checkpoint callbacks' state is restored
+            adopt_last_checkpoints(trainer)
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore_sigint()
 
@@ -101,6 +115,16 @@ def sigterm_checkpoint_path(trainer: pl.Trainer) -> str:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             return os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION)
     return str(checkpoint_dir(trainer.default_root_dir) / LAST_CHECKPOINT)
+
+
+def adopt_last_checkpoints(trainer: pl.Trainer) -> None:
+    """Each `ModelCheckpoint(save_last=...)` whose folder has a file under its last checkpoint's name
+    takes that file as its last checkpoint, so its next save replaces it (no `last-v1.ckpt`)."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.save_last and callback.dirpath:
+            path = callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST)
+            if path != callback.last_model_path and callback.file_exists(path, trainer):  # rank 0 decides
+                callback.last_model_path = path
 
 
 @contextmanager

@@ -6,7 +6,9 @@ It writes `<run dir>/token_nll.npz` (numpy's zip of arrays) after each evaluatio
   (`{stage}/loss × {stage}/tokens`) to float precision;
 - `offset` (int64, sorted, unique): each target's index in the split's token sequence (with
   `data.tokenizer: bytes` on a text file, the byte of the file it predicts);
-- `document` (int64, only where the corpus has documents, e.g. PG-19): the document it belongs to.
+- `document` (int64, only where the corpus has documents, e.g. PG-19): the document it belongs to;
+- `correct` (bool, when the method returns it: every longctx method does): the target is the argmax
+  of the model's full predicted distribution (recall accuracy by distance: `python -m longctx report`).
 
 Only scored targets appear: padding never, the overlap of a window never (each target is scored
 once), and under the TRAMS protocol not the first token of each segment. Under DDP every rank's
@@ -68,15 +70,21 @@ class TokenNLLWriter(pl.Callback):
         if collector is None:
             return
         pl_module.token_nll_collector = None
-        nll, offset = gather_ranks(*collector.arrays())
+        nll, offset, correct = collector.arrays()
+        # Every rank must take part in the gather: one without correctness makes the file go without.
+        has_correct = np.array([correct is not None])
+        correct = np.zeros(len(nll), bool) if correct is None else correct
+        nll, offset, correct, has_correct = gather_ranks(nll, offset, correct, has_correct)
         order = np.argsort(offset, kind="stable")
-        nll, offset = nll[order], offset[order]
+        nll, offset, correct = nll[order], offset[order], correct[order]
         if offset.size and (offset[0] < 0 or (np.diff(offset) == 0).any()):
             # A padded or twice-scored target: the per-token file would not add up to the metric.
             raise RuntimeError("per-token output: a target was scored twice or is padding; this is a bug")
         if not trainer.is_global_zero:
             return
         arrays = {"nll": nll, "offset": offset}
+        if has_correct.all():
+            arrays["correct"] = correct
         if (doc_offsets := split_documents(trainer, split)) is not None:
             arrays["document"] = np.searchsorted(doc_offsets, offset, side="right").astype(np.int64) - 1
         path = Path(trainer.default_root_dir) / self.filename

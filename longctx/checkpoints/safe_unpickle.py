@@ -10,6 +10,7 @@ naming the global: nothing outside builtins containers and the allowed names is 
 
 from __future__ import annotations
 
+import _compat_pickle
 import pickle
 import re
 import zipfile
@@ -29,8 +30,15 @@ class NotACheckpoint(ValueError):
     """A file that is not a complete PyTorch file of tensors and plain data (the message names it)."""
 
 
-# How torch.load(weights_only=True) names the global it refused.
-_REFUSED_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+# How torch.load(weights_only=True) names the global it refused: one not on its list, or one of a
+# module it blocks outright (`os.system` pickles as `posix.system`).
+_REFUSED_GLOBAL = re.compile(
+    r"GLOBAL (\S+) was not an allowed global|unsupported GLOBAL (\S+) whose module \S+ is blocked"
+)
+# Modules `os` re-exports: a global of theirs is named as `os.<name>`, as its author wrote it.
+_OS_MODULES = ("posix", "nt")
+# Lines of torch's weights_only message that say how to load anyway, not what was refused.
+_WEIGHTS_ONLY_NOISE = ("Weights only load failed", "Check the documentation", "Please file an issue")
 
 
 def load_tensors_file(path: str | Path, mmap: bool = False) -> Any:
@@ -49,19 +57,44 @@ def load_tensors_file(path: str | Path, mmap: bool = False) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipped)
     except pickle.UnpicklingError as err:
-        if refused := _REFUSED_GLOBAL.search(str(err)):
+        if refused := _refused(str(err)):
             raise NotACheckpoint(
-                f"{path} is not a longctx checkpoint: its pickle names {refused.group(1)}, which is "
-                "neither a tensor nor plain data, and longctx refuses unsafe content (unpickling it could "
-                "run any code); give a checkpoint that longctx wrote or converted"
+                f"{path} is not a longctx checkpoint: its pickle names {refused}, which is neither a tensor "
+                "nor plain data, and longctx refuses unsafe content (unpickling it could run any code); "
+                "give a checkpoint that longctx wrote or converted"
             ) from err
-        reason = str(err).splitlines()[-1] if zipped else "not a zip archive, nor a legacy torch.save"
+        reason = _weights_only_reason(str(err)) if zipped else "not a zip archive, nor a legacy torch.save"
         raise NotACheckpoint(_unreadable(path, reason)) from err
     except PermissionError as err:
         raise NotACheckpoint(f"{path}: cannot read it ({err.strerror})") from err
     except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as err:
         reason = "an incomplete zip archive" if zipped else "not a zip archive: truncated or another kind"
         raise NotACheckpoint(_unreadable(path, reason)) from err
+    except (IndexError, KeyError, TypeError, AttributeError, AssertionError, OverflowError) as err:
+        # Random bytes drive the unpickler's stack machine into any of these (pop from an empty
+        # stack, a memo key never put): the file is not a pickle torch wrote.
+        reason = "an incomplete zip archive" if zipped else "not a zip archive: truncated or another kind"
+        raise NotACheckpoint(_unreadable(path, reason)) from err
+
+
+def _refused(message: str) -> str | None:
+    """The global torch's weights_only loader refused, as its author would name it (with the name the
+    pickle holds when it differs: `os.system (posix.system)`, `subprocess.Popen (commands.Popen)` in a
+    protocol-2 pickle), or None."""
+    if not (match := _REFUSED_GLOBAL.search(message)):
+        return None
+    name = match.group(1) or match.group(2)
+    module, _, attribute = name.rpartition(".")
+    module, attribute = _compat_pickle.NAME_MAPPING.get((module, attribute), (module, attribute))
+    module = "os" if module in _OS_MODULES else _compat_pickle.IMPORT_MAPPING.get(module, module)
+    written = f"{module}.{attribute}" if module else attribute
+    return written if written == name else f"{written} ({name})"
+
+
+def _weights_only_reason(message: str) -> str:
+    """The line of torch's weights_only message that says what it refused."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return next((line for line in lines if not line.startswith(_WEIGHTS_ONLY_NOISE)), "")
 
 
 def _unreadable(path: Path, reason: str) -> str:

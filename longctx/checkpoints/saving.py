@@ -11,7 +11,8 @@ as Lightning does, writes it to a temporary file in the checkpoint's own folder,
 renames it onto the final name (`longctx.atomic.atomic_path`): a reader sees the old file or the new
 one, never part of one. Out of space (ENOSPC, or EDQUOT for a quota) the temporary file is removed
 and `DiskFullError` says which file, how much it needs and how much is free. Remote paths
-(`s3://...`) keep Lightning's own writer.
+(`s3://...`) keep Lightning's own writer. The run's config (`config.yaml`, the CLI's first file in the
+run directory) is written the same way (`write_whole`).
 """
 
 from __future__ import annotations
@@ -40,23 +41,44 @@ class DiskFullError(OSError):
 
 
 def readable_size(size: int) -> str:
-    """`size` bytes in GB, MB or kB (one decimal), or in bytes."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    """`size` bytes in TB, GB, MB or kB (one decimal), or in bytes."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if size >= scale:
             return f"{size / scale:,.1f} {unit}"
     return f"{size} bytes"
 
 
-def disk_full(path: Path, size: int) -> DiskFullError:
-    """The one line for a checkpoint of `size` bytes that did not fit at `path`."""
+CHECKPOINT_FIX = (
+    "Free some space, or put the run on a larger disk (--trainer.default_root_dir, or the "
+    "ModelCheckpoint's dirpath)"
+)
+RUN_FILE_FIX = "Free some space, or put the run on a larger disk (--trainer.default_root_dir)"
+
+
+def disk_full(path: Path, size: int, what: str = "checkpoint", fix: str = CHECKPOINT_FIX) -> DiskFullError:
+    """The one line for `what` (a checkpoint, the run's config) of `size` bytes that did not fit at
+    `path`, with `fix`."""
     folder = next(parent for parent in path.parents if parent.exists())
     free = shutil.disk_usage(folder).free
     return DiskFullError(
         errno.ENOSPC,
-        f"disk full writing checkpoint {path}: it needs {readable_size(size)}, {readable_size(free)} "
-        "free there (or a quota is reached); nothing was written under that name. Free some space, or "
-        "put the run on a larger disk (--trainer.default_root_dir, or the ModelCheckpoint's dirpath)",
+        f"disk full writing {what} {path}: it needs {readable_size(size)}, {readable_size(free)} free "
+        f"there (or a quota is reached); nothing was written under that name. {fix}",
     )
+
+
+def write_whole(path: Path, data: bytes | memoryview, what: str, fix: str) -> None:
+    """Write `data` to `path` whole or not at all (synced, then renamed into place); out of space, the
+    temporary file is removed and `DiskFullError` names `what`, its size, the space free and `fix`."""
+    try:
+        with atomic_path(path) as tmp, tmp.open("wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())  # the bytes are on disk before the name points at them
+    except OSError as err:
+        if err.errno in DISK_FULL:
+            raise disk_full(path, len(data), what, fix) from None
+        raise
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -69,16 +91,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
-        data = buffer.getbuffer()
-        try:
-            with atomic_path(path) as tmp, tmp.open("wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())  # the bytes are on disk before the name points at them
-        except OSError as err:
-            if err.errno in DISK_FULL:
-                raise disk_full(path, len(data)) from None
-            raise
+        write_whole(path, buffer.getbuffer(), "checkpoint", CHECKPOINT_FIX)
 
 
 def use_atomic_checkpoints(strategy: Strategy) -> None:

@@ -9,7 +9,8 @@ and a memory into per-token losses:
   (`longctx.core.data_facts.LMDataFacts`) are checked at `setup`, one clear error before any step;
 - the metrics: token-weighted sums synced across ranks, logged as `{stage}/loss`, `{stage}/bpc` or
   `{stage}/ppl`, `{stage}/word_ppl`, `{stage}/bpb` (bits per UTF-8 byte of the scored text, whatever
-  the tokenizer, from the data module's `token_bytes`), and `throughput/*`;
+  the tokenizer, from the data module's `token_bytes`), and `throughput/*`; on a split with marks
+  (`target_marks`), the recall accuracy `{stage}/recall_acc*` (`longctx.core.recall`);
 - the memory lifecycle: one memory per stage, fresh at every epoch start, detached after every
   training step, so a validation in the middle of an epoch never disturbs the training memory;
 - the optimizer wiring: `optimizer` / `lr_scheduler` callables from the config;
@@ -36,6 +37,7 @@ from torchmetrics import SumMetric
 from longctx.core import rng_state
 from longctx.core.data_facts import BatchMode, LMDataFacts, check_data_facts
 from longctx.core.knob_groups import flatten_knobs, fold_flat, knob_path, plain
+from longctx.core.recall import RecallScorer
 from longctx.core.spawn_exit import register_spawn_strategies
 from longctx.core.token_nll import TokenNLLCollector
 
@@ -47,6 +49,7 @@ register_spawn_strategies()
 # memory. It is a pytree: `detach_memory` maps over it, whatever its fields.
 Memory: TypeAlias = tuple | None
 STAGES = ("train", "val", "test")
+EVAL_SPLITS = {"val": "valid", "test": "test"}  # the data split each evaluation stage reads
 RNG_KEY = "rng_state"
 # Constructor arguments that are callables: not checkpoint-safe (`torch.load(weights_only=True)`
 # refuses them), and the CLI logs them with the resolved config anyway.
@@ -63,6 +66,9 @@ class StepOutput:
     logs: scalars logged under the stage's prefix (e.g. {"span/avg": ...} are logged as is when the
         key already has a prefix containing "/").
     mask: overrides `batch["mask"]` (e.g. an evaluation protocol that skips some positions).
+    correct: bool, the shape of `batch["target"]`: the target is the argmax of the model's full
+        predicted distribution. Returned when `LMBase.wants_correct` is set (evaluation steps with
+        marks or a per-token writer), else None (no cost).
     """
 
     nll: Tensor
@@ -70,6 +76,7 @@ class StepOutput:
     extra_loss: Tensor | None = None
     logs: dict[str, Tensor | float] = field(default_factory=dict)
     mask: Tensor | None = None
+    correct: Tensor | None = None
 
 
 def _propagating_sum() -> SumMetric:
@@ -96,6 +103,9 @@ class LMBase(pl.LightningModule):
     flat_prefixes: ClassVar[dict[str, str]] = {}
     # Per-target NLL of the running evaluation: set by `TokenNLLWriter` (`--write_token_nll true`) only.
     token_nll_collector: TokenNLLCollector | None = None
+    # Set by the base while `step` runs an evaluation batch that needs `StepOutput.correct` (the split
+    # has marks, or a per-token writer is attached); a method computes the argmax only then.
+    wants_correct: bool = False
 
     def __init__(
         self,
@@ -121,6 +131,8 @@ class LMBase(pl.LightningModule):
         self._batch_start_time: float | None = None
         self._eval_batches: dict[str, int] = {"val": 0, "test": 0}
         self._eval_length: dict[str, int] = {}  # segment length n (window T) of each stage's batches
+        # Each evaluation's marked targets (`target_marks` of its split), None without marks.
+        self._recall: dict[str, RecallScorer | None] = {"val": None, "test": None}
 
     @classmethod
     def fold_knobs(cls, given: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +199,12 @@ class LMBase(pl.LightningModule):
         None: not counted."""
         return None
 
+    def state_size(self) -> int | None:
+        """Numbers per layer that carry context from one segment (window) to the next at evaluation,
+        zoology's "state size", so that different memories share one axis (Transformer-XL: its memory
+        m·d); logged as `{val,test}/state_size`. None: not declared."""
+        return None
+
     def optimizer_param_groups(self) -> list[dict[str, Any]] | Any:
         """Parameters (or parameter groups) handed to the optimizer factory."""
         return self.parameters()
@@ -238,6 +256,9 @@ class LMBase(pl.LightningModule):
         self.nll_sum[stage].reset()
         self.token_sum[stage].reset()
         self.byte_sum[stage].reset()
+        data = self.data_facts()
+        marks = None if data is None else data.target_marks(EVAL_SPLITS[stage])
+        self._recall[stage] = None if marks is None else RecallScorer(marks, self.device)
 
     def on_validation_epoch_end(self) -> None:
         self._reset_memory("val")
@@ -279,18 +300,40 @@ class LMBase(pl.LightningModule):
 
     def _eval_step(self, stage: str, batch: dict[str, Tensor]) -> None:
         memory = self._memory_for(stage, batch)
-        out = self.step(batch, memory)
+        recall = self._recall[stage]
+        self.wants_correct = recall is not None or self.token_nll_collector is not None
+        try:
+            out = self.step(batch, memory)
+        finally:
+            self.wants_correct = False
         self._memory[stage] = detach_memory(out.memory)
         mask = batch["mask"] if out.mask is None else out.mask
         self.nll_sum[stage].update((out.nll.double() * mask).sum())
         self.token_sum[stage].update(mask.sum().double())
         if (n_bytes := self._scored_bytes(batch["target"], mask)) is not None:
             self.byte_sum[stage].update(n_bytes.double())
+        if recall is not None:
+            self._score_recall(recall, out, mask, batch)
         if self.token_nll_collector is not None:
-            self.token_nll_collector.add(out.nll, mask, batch)
+            self.token_nll_collector.add(out.nll, mask, batch, out.correct)
         self._eval_batches[stage] += 1
         self._eval_length[stage] = batch["input"].shape[-1]
         self._log_step_logs(stage, out.logs)
+
+    def _score_recall(
+        self, recall: RecallScorer, out: StepOutput, mask: Tensor, batch: dict[str, Tensor]
+    ) -> None:
+        if out.correct is None:
+            raise NotImplementedError(
+                f"{type(self).__name__}.step returned no StepOutput.correct while wants_correct was set: "
+                "the split has marks, so recall accuracy needs each target's argmax"
+            )
+        if "offset" not in batch:
+            raise ValueError(
+                "recall accuracy needs evaluation batches with an `offset` key (each target's index in "
+                "the split), which LMDataModule's streams carry; this data module's batches do not"
+            )
+        recall.update(out.correct, mask, batch["offset"])
 
     # ------------------------------------------------------------------ metrics and logging
     def _global_sum(self, value: Tensor) -> Tensor:
@@ -331,6 +374,9 @@ class LMBase(pl.LightningModule):
         self.nll_sum[stage].reset()
         self.token_sum[stage].reset()
         self.byte_sum[stage].reset()
+        recall = self._recall[stage].results(stage) if self._recall[stage] is not None else {}
+        for name, value in recall.items():
+            self.log(name, value, sync_dist=False)
         if tokens <= 0:
             return
         mean_nll = (nll / tokens).float()
@@ -340,6 +386,8 @@ class LMBase(pl.LightningModule):
         length = self._eval_length.get(stage)
         if length is not None and (flops := self.flops_per_token(length)) is not None:
             self.log(f"{stage}/flops_per_token", float(flops), sync_dist=False)
+        if (state_size := self.state_size()) is not None:
+            self.log(f"{stage}/state_size", float(state_size), sync_dist=False)
         if n_bytes > 0:
             self.log(f"{stage}/bpb", (nll / math.log(2) / n_bytes).float(), sync_dist=False)
         words = self._word_count(stage)

@@ -1,9 +1,10 @@
 """The facts about the data that `LMBase` reads from the trainer's data module, as one Protocol.
 
-`LMBase` needs five facts the network does not know: the batch layout (`mode`), the unit metric
+`LMBase` needs six facts the network does not know: the batch layout (`mode`), the unit metric
 (`metric`), the UTF-8 bytes of each token id (`token_bytes`, for bits per byte), the words of an
-evaluation split (`word_count`, for perplexity per word) and the evaluation overlap of windows
-(`eval_overlap`). `LMDataModule` provides them; a test's data module provides them too, or none
+evaluation split (`word_count`, for perplexity per word), the evaluation overlap of windows
+(`eval_overlap`) and the marked targets of an evaluation split (`target_marks`, for recall
+accuracy). `LMDataModule` provides them; a test's data module provides them too, or none
 (loaders passed to `fit` directly: ppl, no bytes, no words, no layout check).
 
 A data module with only some of them is refused at `setup` (`missing_facts`), so a typo'd fact
@@ -16,6 +17,8 @@ import inspect
 from typing import Literal, Protocol
 
 from torch import Tensor
+
+from longctx.core.recall import TargetMarks
 
 BatchMode = Literal["segments", "windows"]
 # The batch layouts (docs/architecture.md): segments `(B, L)` with reset `(B,)`; windows `(B, K, T)`
@@ -37,8 +40,11 @@ class LMDataFacts(Protocol):
     def word_count(self, split: str) -> int | None:
         """Words of the split ("valid" or "test"), or None (no perplexity per word)."""
 
+    def target_marks(self, split: str) -> TargetMarks | None:
+        """The marked targets of the split ("valid" or "test"), or None (no recall accuracy)."""
 
-FACTS = ("mode", "metric", "eval_overlap", "token_bytes", "word_count")
+
+FACTS = ("mode", "metric", "eval_overlap", "token_bytes", "word_count", "target_marks")
 _ABSENT = object()
 
 

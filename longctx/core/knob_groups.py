@@ -47,6 +47,23 @@ def network_config(cls: type[T], knobs: tuple[Any, ...], named_knobs: Mapping[st
     return cls(*knobs, **named_knobs)
 
 
+def check_sizes(config: Any, *names: str) -> None:
+    """Each named field of `config` (an int, or None where the field allows it) must be at least 1: a
+    zero or negative size fails later as a division by zero or a tensor of negative shape."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def check_probabilities(config: Any, *names: str) -> None:
+    """Each named field of `config` (a dropout rate) must be in [0, 1)."""
+    for name in names:
+        value = getattr(config, name)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{name} must be in [0, 1), got {value}")
+
+
 def group_types(init: Callable[..., Any]) -> dict[str, tuple[type, bool]]:
     """The parameters of `init` whose annotation is a dataclass (or a dataclass or None): name →
     (the dataclass, whether None is allowed)."""

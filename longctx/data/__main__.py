@@ -1,10 +1,11 @@
 """`python -m longctx.data prepare`: download, verify and tokenize a corpus ahead of a job;
-`python -m longctx.data synth`: write a synthetic long-range task (`longctx.data.synth`).
+`python -m longctx.data synth`: write a synthetic long-range task (`longctx.data.synth`, `.mqar`).
 
     python -m longctx.data prepare --config configs/transformer_xl_tiny.yaml   # what a config reads
     python -m longctx.data prepare wikitext103 --root /data/longctx            # one corpus
     python -m longctx.data prepare text_files --files '{train: a.txt, valid: b.txt, test: b.txt}'
     python -m longctx.data synth copy --out data/copy --gap 160                # docs/long_range.md
+    python -m longctx.data synth mqar --out data/mqar --min_distance 32 --max_distance 128
 
 With `--config` (repeatable, composed as `python -m longctx fit` composes them) the corpus, root,
 split sources and tokenizer are the config's own `data:` settings, resolved by the CLI's parser, so
@@ -28,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from longctx.data import synth
+from longctx.data import mqar, synth
 from longctx.data.corpora import CORPORA
 from longctx.data.datamodule import SPLITS, LMDataModule
 from longctx.data.download import DataError
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     prepare.add_argument("--no-download", dest="download", action="store_false", help="never use the network")
     prepare.add_argument(
-        "--tokenizer", help="raw-text corpora: gpt2 (default), a BPE folder or hub id, bytes"
+        "--tokenizer",
+        help="raw-text corpora: gpt2 (default), a BPE folder or hub id, bytes; text_files also words",
     )
     prepare.add_argument("--max_train_documents", type=int, help="PG-19: first N train books")
     prepare.add_argument("--max_eval_document_tokens", type=int, help="PG-19: first K tokens per eval book")
@@ -123,11 +125,19 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def add_synth_parser(commands: argparse._SubParsersAction) -> None:
-    defaults = synth.SynthSettings("copy")
     parser = commands.add_parser(
-        "synth", help="write a synthetic long-range task: train/valid/test text + marks of long-range bytes"
+        "synth", help="write a synthetic long-range task: train/valid/test text + marks of its answers"
     )
-    parser.add_argument("task", choices=synth.TASKS, help="copy: a passage repeated; recall: key -> value")
+    tasks = parser.add_subparsers(dest="task", required=True)
+    for task, what in (("copy", "a passage repeated"), ("recall", "key -> value bindings queried")):
+        add_byte_task_flags(tasks.add_parser(task, help=f"{what}, in words read at byte level"))
+    add_mqar_flags(
+        tasks.add_parser("mqar", help="multi-query associative recall, one token per key and value (words)")
+    )
+
+
+def add_byte_task_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = synth.SynthSettings("copy")
     parser.add_argument("--out", required=True, type=Path, help="folder for the files (created)")
     parser.add_argument(
         "--gap", type=int, default=defaults.gap, help="G: marked bytes are >= G bytes from their source"
@@ -154,20 +164,74 @@ def add_synth_parser(commands: argparse._SubParsersAction) -> None:
     )
 
 
+def optional_int(text: str) -> int | None:
+    """An integer, or none/null (no value: e.g. no distance range under the zoology law)."""
+    return None if text.lower() in ("none", "null") else int(text)
+
+
+def add_mqar_flags(parser: argparse.ArgumentParser) -> None:
+    """Every flag defaults to None: the preset's value, else `MQARSettings`'s (printed in --help)."""
+    defaults = mqar.MQARSettings()
+    parser.add_argument("--out", required=True, type=Path, help="folder for the files (created)")
+    parser.add_argument(
+        "--preset", choices=sorted(mqar.PRESETS), help="zoology: vocabulary 8192, 64-token episodes, K 4"
+    )
+    for name, kind, help_text in (
+        ("pairs", int, "K: key/value bindings (and queries) per episode"),
+        ("keys", int, "key words k0 .. k{N-1}"),
+        ("values", int, "value words v0 .. v{N-1}"),
+        ("filler_vocab", int, "filler words f0 .. f{N-1} (--filler separate)"),
+        ("min_distance", optional_int, "least distance (tokens) from a binding's value to its answer"),
+        ("max_distance", optional_int, "largest such distance"),
+        ("episode_tokens", optional_int, "fixed episode length (zoology law; else: ends at its last query)"),
+        ("power_a", float, "the zoology law's exponent"),
+        (
+            "train_tokens",
+            int,
+            "size of train in tokens: >= max_steps x batch_size x tgt_len (fresh episodes)",
+        ),
+        ("eval_tokens", int, "size of valid and test each, in tokens"),
+        ("seed", int, "splits are seeded by (seed, split)"),
+    ):
+        parser.add_argument(f"--{name}", type=kind, help=f"{help_text} (default {getattr(defaults, name)})")
+    parser.add_argument(
+        "--filler",
+        choices=["separate", "random"],
+        help="separate filler words, or zoology's random keys and values",
+    )
+    parser.add_argument(
+        "--gap_law",
+        choices=["uniform", "zoology"],
+        help="uniform distances in the range, or zoology's power law",
+    )
+
+
 def run_synth(args: argparse.Namespace) -> None:
-    names = [field.name for field in dataclasses.fields(synth.SynthSettings)]  # each is a flag
     try:
-        settings = synth.SynthSettings(**{name: getattr(args, name) for name in names})
-        counts = synth.generate(settings, args.out)
+        if args.task == "mqar":
+            settings = mqar.settings_from_flags(vars(args), args.preset)
+            counts = mqar.generate(settings, args.out)
+        else:
+            names = [field.name for field in dataclasses.fields(synth.SynthSettings)]  # each is a flag
+            settings = synth.SynthSettings(**{name: getattr(args, name) for name in names})
+            counts = synth.generate(settings, args.out)
     except (ValueError, OSError) as err:
         sys.exit(f"error: synth: {err}")
     for split, count in counts.items():
-        print(
-            f"{args.out / f'{split}.txt'}: {count['bytes']:,} bytes, {count['marked']:,} marked "
-            f"(>= {settings.gap} back), {count['near']:,} answer bytes nearer"
-        )
+        path = args.out / f"{split}.txt"
+        if args.task == "mqar":
+            print(
+                f"{path}: {count['tokens']:,} tokens, {count['episodes']:,} episodes, {count['answers']:,} "
+                f"answers {count['min_distance']}-{count['max_distance']} tokens after their binding"
+            )
+        else:
+            print(
+                f"{path}: {count['bytes']:,} bytes, {count['marked']:,} marked (>= {settings.gap} back), "
+                f"{count['near']:,} answer bytes nearer"
+            )
     files = ", ".join(f"{split}: {args.out / f'{split}.txt'}" for split in SPLITS)
-    print(f"train on it: --data.corpus text_files --data.files '{{{files}}}' --data.tokenizer bytes")
+    tokenizer = "words" if args.task == "mqar" else "bytes"
+    print(f"train on it: --data.corpus text_files --data.files '{{{files}}}' --data.tokenizer {tokenizer}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ default in the user's cache folder, never inside the data root, which may be rea
 - `<split>.npy`: token ids, smallest unsigned dtype that fits the vocabulary (uint8 bytes, uint16
   GPT-2, uint32 WikiText-103 words);
 - `<split>.docs.npy`: for document corpora (PG-19), `(n_docs + 1,)` offsets of the books;
-- `vocab.txt`: the word vocabulary of word-level corpora, one symbol per line, id = line number;
+- `vocab.txt`: the word vocabulary of word-level corpora (and of `text_files` read with `tokenizer:
+  words`), one symbol per line, id = line number;
 - `token_bytes.npy`: (V,) UTF-8 bytes each id stands for (bits per byte; see `tokenize.py`);
 - `meta.json`: vocabulary size, token/document/word counts per split, and the size and blake2b
   digest of every other file. Written last: a cache without it is incomplete and is rebuilt.
@@ -67,6 +68,7 @@ from longctx.data.tokenize import (
     gpt2_files,
     gpt2_tokenizer_from_files,
     smallest_uint,
+    text_lines,
     unit_token_bytes,
 )
 
@@ -79,6 +81,9 @@ SAMPLE_FILE = Path(__file__).parent / "sample" / "theophrastus_such.txt.gz"
 SAMPLE_EVAL_FRACTION = 0.05
 GPT2_VOCAB_SIZE = 50_257
 BYTES_TOKENIZER = "bytes"  # `data.tokenizer: bytes` reads a raw-text corpus at byte level
+# `data.tokenizer: words` reads the user's own files (`text_files`) as whitespace-separated words with
+# an `<eos>` per line, the vocabulary built from the train file (`tokenize.WordVocab`).
+WORDS_TOKENIZER = "words"
 TOKEN_BYTES_FILE = "token_bytes.npy"
 META_FILE = "meta.json"
 
@@ -119,9 +124,14 @@ class CorpusSpec:
 
     @property
     def unit(self) -> str:
-        """The token unit: the corpus's, or `byte` for a raw-text corpus read with `tokenizer: bytes`."""
+        """The token unit: the corpus's, `byte` for a raw-text corpus read with `tokenizer: bytes`, or
+        `word` for the user's files read with `tokenizer: words`."""
         unit = self.corpus.unit
-        return "byte" if unit == "bpe" and self.tokenizer == BYTES_TOKENIZER else unit
+        if unit == "bpe" and self.tokenizer == BYTES_TOKENIZER:
+            return "byte"
+        if self.corpus.user_files and self.tokenizer == WORDS_TOKENIZER:
+            return "word"
+        return unit
 
     def url(self, canonical: str, mirror_path: str) -> str:
         """`canonical`, or `<mirror>/<mirror_path>` when a mirror is set."""
@@ -382,6 +392,8 @@ def vocab_size_of(spec: CorpusSpec) -> int:
         return len(WordVocab.load(spec.vocab_file))
     if spec.unit == "byte":
         return 256
+    if spec.unit == "word" and corpus.user_files:  # built from the train file: read from the cache
+        return int(json.loads((prepare_corpus(spec) / META_FILE).read_text())["vocab_size"])
     if corpus.unit == "bpe":
         if resolved_tokenizer_name(spec.tokenizer) == "gpt2":
             return GPT2_VOCAB_SIZE
@@ -438,7 +450,7 @@ def ensure_member(spec: CorpusSpec, name: str) -> Path:
 
 
 def resolved_tokenizer_name(tokenizer: str) -> str:
-    if tokenizer == BYTES_TOKENIZER:
+    if tokenizer in (BYTES_TOKENIZER, WORDS_TOKENIZER):  # names, never a folder of that name
         return tokenizer
     path = Path(tokenizer).expanduser()
     return str(path.resolve()) if path.is_dir() or is_local_path(tokenizer) else tokenizer
@@ -650,28 +662,52 @@ def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
 
 
 def _tokenize_text_files(spec: CorpusSpec, path: Path) -> dict:
-    """The user's files (`text_files`): each file read once, checked against the digest its cache is
-    keyed by (a file edited since `path` was named would otherwise cache new ids under the old
-    content's key), tokenized whole (bytes: id i = byte i of the file), with word counts per split."""
-    encoder = raw_text_encoder(spec)
-    encoded: dict[Path, tuple[np.ndarray, dict[str, int]]] = {}
+    """The user's files (`text_files`): each file read once and checked against the digest its cache
+    is keyed by (`_read_user_file`), tokenized whole: bytes (id i = byte i of the file) or a BPE, with
+    word counts per split, or words (`tokenizer: words`: the vocabulary from the train file, words
+    of other files it lacks mapped to `<unk>` and counted)."""
+    texts: dict[Path, str] = {}
+    for split, file in spec.user_files().items():
+        if file.resolve() not in texts:
+            texts[file.resolve()] = _read_user_file(spec, path, split, file)
+    if spec.unit == "word":
+        vocab = WordVocab.from_lines(text_lines(texts[spec.user_files()["train"].resolve()])).with_unk()
+        with atomic_path(path / "vocab.txt") as tmp:
+            vocab.save(tmp)
+
+        def encode(file: Path, text: str) -> tuple[np.ndarray, dict]:
+            tokens, unknown = vocab.encode_lines(text_lines(text), str(file))
+            return tokens, {"oov_tokens": unknown}
+
+        vocab_size, token_bytes = len(vocab), vocab.token_bytes()
+    else:
+        encoder = raw_text_encoder(spec)
+
+        def encode(file: Path, text: str) -> tuple[np.ndarray, dict]:
+            return encoder.encode(text), {"n_words": count_words(text)}
+
+        vocab_size, token_bytes = encoder.vocab_size, encoder.token_bytes()
+    encoded = {file: encode(file, text) for file, text in texts.items()}
     splits, sources = {}, {}
     for split, file in spec.user_files().items():
-        if file.resolve() not in encoded:
-            data = file.read_bytes()
-            read_digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-            # `path` is the build folder `.<cache name>.build-*` beside the cache `spec.path` names.
-            named_for_this_content = path.name.startswith(f".{spec.path.name}.build-")
-            if read_digest != source_digest(file) or not named_for_this_content:
-                raise DataError(f"data.files {split}: {file} changed while it was being read; run again")
-            text = decode_text(file, data)
-            encoded[file.resolve()] = (encoder.encode(text), count_words(text))
-        tokens, n_words = encoded[file.resolve()]
+        tokens, extra = encoded[file.resolve()]
         _save(path / f"{split}.npy", tokens)
-        splits[split] = _split_info(tokens, n_words=n_words)
+        splits[split] = _split_info(tokens, **extra)
         sources[split] = {"path": str(file.resolve()), "blake2b": source_digest(file)}
-    _save(path / TOKEN_BYTES_FILE, encoder.token_bytes())
-    return {"vocab_size": encoder.vocab_size, "splits": splits, "text_files": sources}
+    _save(path / TOKEN_BYTES_FILE, token_bytes)
+    return {"vocab_size": vocab_size, "splits": splits, "text_files": sources}
+
+
+def _read_user_file(spec: CorpusSpec, path: Path, split: str, file: Path) -> str:
+    """The text of a `text_files` file, refused if it changed since the cache `path` was named for
+    its content (it would otherwise cache new ids under the old content's key)."""
+    data = file.read_bytes()
+    read_digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+    # `path` is the build folder `.<cache name>.build-*` beside the cache `spec.path` names.
+    named_for_this_content = path.name.startswith(f".{spec.path.name}.build-")
+    if read_digest != source_digest(file) or not named_for_this_content:
+        raise DataError(f"data.files {split}: {file} changed while it was being read; run again")
+    return decode_text(file, data)
 
 
 def decode_text(path: Path, data: bytes) -> str:

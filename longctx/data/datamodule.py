@@ -15,22 +15,27 @@ from pathlib import Path
 from typing import Literal
 
 import lightning.pytorch as pl
+import numpy as np
 import platformdirs
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from longctx.core.recall import TargetMarks
 from longctx.data.cache import (
     BYTES_TOKENIZER,
     SPLITS,
+    WORDS_TOKENIZER,
     CorpusSpec,
     TokenizedCorpus,
     load_corpus,
     prepare_corpus,
+    source_digest,
     vocab_size_of,
 )
 from longctx.data.corpora import get_corpus
 from longctx.data.streams import SegmentStream, Wrap
-from longctx.data.text_files import check_split_tokens, check_text_files
+from longctx.data.synth import load_marks, marks_path
+from longctx.data.text_files import TextFileError, check_split_tokens, check_text_files
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +69,9 @@ class LMDataModule(pl.LightningDataModule):
         windows_per_batch: K windows of each row per training batch (backprop through K windows).
         tokenizer: how the text corpora (wikitext103_raw, wikitext103_text, pg19, text_files) are
             tokenized: `gpt2` (GPT-2 BPE), a local directory or hub id of a byte-level BPE, or `bytes`
-            (byte level: what Transformer-XL and Adaptive Span read to compare with GPT-2 on the same text).
+            (byte level: what Transformer-XL and Adaptive Span read to compare with GPT-2 on the same
+            text); text_files also takes `words` (whitespace-separated words, `<eos>` per line, the
+            vocabulary from the train file, other words scored as `<unk>` and counted).
         max_train_documents / max_eval_document_tokens: PG-19 subset (paper: 1,250 and 15,000).
         shuffle_documents: deal training documents in a new seeded order every epoch.
         seed: seed of that order and of the `train_wrap` offsets.
@@ -118,6 +125,11 @@ class LMDataModule(pl.LightningDataModule):
                 "data.tokenizer: bytes applies to the text corpora (wikitext103_raw, wikitext103_text, "
                 f"pg19, text_files); {corpus} has fixed {self.info.unit} tokens: drop the option"
             )
+        if tokenizer == WORDS_TOKENIZER and not self.info.user_files:
+            raise ValueError(
+                "data.tokenizer: words reads your own files (corpus text_files) as whitespace-separated "
+                f"words; {corpus} has its own tokenizer: drop the option (word level: corpus wikitext103)"
+            )
         if files is not None and not self.info.user_files:
             raise ValueError(f"data.files applies to corpus text_files; {corpus} reads its own files")
         if self.info.user_files and split_sources is not None:
@@ -165,6 +177,7 @@ class LMDataModule(pl.LightningDataModule):
         self.windows_per_batch = windows_per_batch
         self.word_convention = word_convention
         self._corpus: TokenizedCorpus | None = None
+        self._marks: dict[str, TargetMarks | None] = {}
         self._vocab_size: int | None = None
         self._token_bytes: torch.Tensor | None = None
 
@@ -216,6 +229,8 @@ class LMDataModule(pl.LightningDataModule):
                 for split, file in self.spec.user_files().items():
                     check_split_tokens(split, file, len(corpus.split(split).tokens), needs[split])
             self._corpus = corpus
+            if self.info.user_files:
+                self._marks = {split: self._load_marks(split) for split in ("valid", "test")}
             for split, rate in self.out_of_vocabulary().items():
                 if rate["oov_tokens"]:
                     rank_zero_info(
@@ -223,6 +238,42 @@ class LMDataModule(pl.LightningDataModule):
                         f"{rate['tokens']:,} tokens ({rate['oov_fraction']:.2%}) are words the vocabulary "
                         "lacks, scored as <unk>"
                     )
+
+    def target_marks(self, split: str) -> TargetMarks | None:
+        """The marked targets of an evaluation split ("valid" or "test"): `text_files` whose file has a
+        marks sidecar (`<stem>.marks.npz` beside it, `python -m longctx.data synth`) in this run's token
+        unit; else None. Read and checked at `setup`."""
+        return self._marks.get(split)
+
+    def _load_marks(self, split: str) -> TargetMarks | None:
+        """The sidecar of the split's file, checked against the file: the digest it records (marks of
+        another text are an error, not a wrong number) and the split's token count."""
+        file = self.spec.user_files()[split]
+        path = marks_path(file)
+        if not path.is_file():
+            return None
+        marks = load_marks(path.parent, file.stem)
+        unit = str(marks.get("tokenizer", BYTES_TOKENIZER))  # sidecars without the key are bytes
+        if unit != self.spec.tokenizer:
+            rank_zero_info(
+                f"longctx: {path} marks {unit} offsets and this run reads data.tokenizer "
+                f"{self.spec.tokenizer}: no recall accuracy on the {split} split"
+            )
+            return None
+        if "text_blake2b" in marks and str(marks["text_blake2b"]) != source_digest(file):
+            raise TextFileError(
+                f"{path} marks another text than {file} (its text_blake2b differs from the file's): write "
+                "both again with `python -m longctx.data synth`, or remove the sidecar"
+            )
+        offset, n_tokens = marks["offset"].astype(np.int64), len(self.corpus.split(split).tokens)
+        if offset.size and (offset.min() < 0 or offset.max() >= n_tokens):
+            raise TextFileError(
+                f"{path} marks offset {offset.max():,} but {file} has {n_tokens:,} tokens: the marks belong "
+                "to another file; write both again with `python -m longctx.data synth`, or remove the sidecar"
+            )
+        query = marks.get("query")
+        order = np.argsort(offset, kind="stable")
+        return TargetMarks(offset[order], None if query is None else query.astype(np.int64)[order])
 
     def out_of_vocabulary(self) -> dict[str, dict[str, float]]:
         """Per split of a word corpus: `tokens`, `oov_tokens` (words not in the vocabulary, so mapped
@@ -274,7 +325,28 @@ class LMDataModule(pl.LightningDataModule):
             raise ValueError(f"{self.info.name} {split} split: {err}") from err
 
     def train_dataloader(self) -> SegmentStream:
-        return self.stream("train", train=True)
+        stream = self.stream("train", train=True)
+        self.warn_if_budget_repeats(stream)
+        return stream
+
+    def warn_if_budget_repeats(self, stream: SegmentStream) -> None:
+        """A synthetic text with marks (`python -m longctx.data synth`) is written large enough for
+        the budget, so that no episode is trained twice: say so when the trainer's `max_steps` reads
+        the train file more than once."""
+        trainer = self.trainer
+        if trainer is None or not self.info.user_files or trainer.max_steps is None or trainer.max_steps < 0:
+            return
+        train_file = self.spec.user_files()["train"]
+        if not marks_path(train_file).is_file() or len(stream) == 0:
+            return
+        batches = trainer.max_steps * trainer.accumulate_grad_batches
+        if batches > len(stream):
+            rank_zero_warn(
+                f"longctx: trainer.max_steps {trainer.max_steps} reads the train file {train_file} "
+                f"{batches / len(stream):.2f} times ({len(stream):,} batches per pass): its episodes repeat; "
+                "write a larger one (`python -m longctx.data synth ... --train_tokens N`, N >= max_steps "
+                "x batch_size x tgt_len)"
+            )
 
     def val_dataloader(self) -> SegmentStream:
         return self.stream("valid", train=False)

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from longctx.errors import BadInput
+
 Batch = dict[str, Tensor]
 Wrap = Literal["restart", "random_offset"]
 # Version of `SegmentStream.state_dict`; 2 added the layout fields checked on resume.
@@ -94,6 +96,36 @@ class _Row:
     @property
     def n_units(self) -> int:
         return int(self.cum_units[-1])
+
+
+class StreamMismatch(BadInput):
+    """A checkpoint's stream state of another layout than this run's (`SegmentStream.load_state_dict`)."""
+
+
+# Each field of a stream's layout state, as the data module's setting that decides it; the sizes of
+# the split, as the settings that choose the text.
+LAYOUT_SETTINGS = {
+    "batch_size": "data.batch_size",
+    "seq_len": "data.tgt_len",
+    "overlap": "data.overlap",
+    "windows_per_batch": "data.windows_per_batch",
+    "shuffle_documents": "data.shuffle_documents",
+    "seed": "data.seed",
+    "wrap": "data.train_wrap",
+}
+SPLIT_SIZES = {
+    "n_tokens": ("tokens", "data.corpus, data.split_sources, data.files, data.tokenizer"),
+    "documents": ("documents", "data.corpus, data.split_sources, data.files"),
+}
+
+
+def _count(value: int | None) -> str:
+    return "no" if value is None else f"{value:,}"
+
+
+def _flag_value(value: Any) -> str:
+    """A saved layout value as a command-line value (`true`, not `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class SegmentStream:
@@ -337,21 +369,30 @@ class SegmentStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved epoch, offset and batch; refuse a state of another layout (it would
-        silently skip or repeat tokens)."""
+        silently skip or repeat tokens), naming the data setting that differs and the ways out."""
+        fresh = "or start a fresh run (another --run_name, no --ckpt_path)"
         if state.get("version") != STATE_VERSION:
-            raise ValueError(
+            raise StreamMismatch(
                 f"the checkpoint's data stream state has format version {state.get('version', 1)}, this "
-                f"longctx reads {STATE_VERSION}: it cannot tell where the stream stopped; start the run "
-                "fresh (no --ckpt_path) or resume with the longctx version that wrote it"
+                f"longctx reads {STATE_VERSION}: it cannot tell where the stream stopped; resume with the "
+                f"longctx version that wrote it, {fresh}"
             )
         for key, value in self._layout_state().items():
-            if state[key] != value:
-                raise ValueError(
-                    f"the checkpoint's data stream has {key}={state[key]!r}, this run {key}={value!r}: a "
-                    "stream resumes only with the same data layout (data.batch_size, tgt_len, overlap, "
-                    "windows_per_batch, corpus split, shuffle_documents, seed, train_wrap); set it back "
-                    "or start the run fresh"
+            if state[key] == value:
+                continue
+            if key in SPLIT_SIZES:  # another corpus, split or tokenizer: no one flag sets it back
+                unit, settings = SPLIT_SIZES[key]
+                raise StreamMismatch(
+                    f"the checkpoint's training stream holds {_count(state[key])} {unit}, this run's "
+                    f"{_count(value)}: the run was trained on other data ({settings}); resume with the data "
+                    f"it was trained on, {fresh}"
                 )
+            setting = LAYOUT_SETTINGS[key]
+            raise StreamMismatch(
+                f"the checkpoint's training stream was cut with {setting} {_flag_value(state[key])}, this "
+                f"run has {_flag_value(value)}: the stream cannot resume where it stopped with another "
+                f"layout; resume with --{setting} {_flag_value(state[key])}, {fresh}"
+            )
         self.epoch = state["epoch"]
         self.offset = state["offset"]
         if self.offset or self.shuffle_documents:

@@ -4,7 +4,8 @@
 
 writes `train.txt`, `valid.txt`, `test.txt` (read them with `data.corpus: text_files`), a sidecar
 `<split>.marks.npz` per split and `synth.json` (the settings and counts). docs/long_range.md has the
-formats, a worked example and the reasons for the defaults.
+formats, a worked example and the reasons for the defaults. `synth mqar` (token-level associative
+recall, read with `tokenizer: words`) is `longctx.data.mqar`.
 
 Two tasks, one episode per line, words from `WORDS` (lower-case English nouns, so byte-level and BPE
 tokenizers both read ordinary words; GPT-2 BPE gives most of them one or two tokens):
@@ -221,7 +222,8 @@ def generate(settings: SynthSettings, out_dir: Path) -> dict[str, dict[str, int]
         offsets = np.asarray(built.offsets, dtype=np.int64)
         distances = np.asarray(built.distances, dtype=np.int64)
         far = distances >= settings.gap
-        write_text_atomic(out_dir / f"{split}.txt", built.text())
+        text = built.text()
+        write_text_atomic(out_dir / f"{split}.txt", text)
         with atomic_path(out_dir / f"{split}{MARKS_SUFFIX}") as tmp, open(tmp, "wb") as f:
             np.savez_compressed(
                 f,
@@ -230,6 +232,8 @@ def generate(settings: SynthSettings, out_dir: Path) -> dict[str, dict[str, int]
                 near_offset=offsets[~far],
                 near_distance=distances[~far],
                 gap=np.int64(settings.gap),
+                tokenizer=np.array("bytes"),
+                text_blake2b=np.array(hashlib.blake2b(text.encode(), digest_size=16).hexdigest()),
             )
         counts[split] = {"bytes": built.size, "marked": int(far.sum()), "near": int((~far).sum())}
     write_json_atomic(
@@ -243,9 +247,18 @@ def generate(settings: SynthSettings, out_dir: Path) -> dict[str, dict[str, int]
     return counts
 
 
+def marks_path(text_file: Path | str) -> Path:
+    """The marks sidecar of a text file: `<folder>/<stem>.marks.npz` (`valid.txt` -> `valid.marks.npz`)."""
+    text_file = Path(text_file)
+    return text_file.parent / f"{text_file.stem}{MARKS_SUFFIX}"
+
+
 def load_marks(out_dir: Path | str, split: str) -> dict[str, np.ndarray]:
-    """The marks of one split: `offset` and `distance` of the long-range bytes, `near_offset` and
-    `near_distance` of the answer bytes nearer than G, `gap`."""
+    """The marks of one split (`<split>.marks.npz`). copy/recall: `offset` and `distance` of the
+    long-range bytes, `near_offset` and `near_distance` of the answer bytes nearer than G, `gap`;
+    mqar: `offset`, `distance`, `query`, `pairs`, `episode` of every answer (`longctx.data.mqar`).
+    Both: `tokenizer` (the unit of the offsets: "bytes" or "words"; absent in sidecars written
+    before it was recorded, which are bytes) and `text_blake2b` (the digest of the marked file)."""
     with np.load(Path(out_dir) / f"{split}{MARKS_SUFFIX}") as marks:
         return {key: marks[key] for key in marks.files}
 

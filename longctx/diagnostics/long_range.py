@@ -8,8 +8,8 @@
   (`recl.csv` in a sibling directory, the row whose `model` is the run's directory name).
 
 Either is None (a dash in the report) when the run has no such output: no token_nll.npz, a corpus that
-is not `text_files`, a tokenizer other than `bytes` (the marks are byte offsets), text without a
-sidecar, no context run. Never a guessed value.
+is not `text_files`, a tokenizer other than the marks' unit (`bytes` for copy and recall, `words` for
+mqar), text without a sidecar, no context run. Never a guessed value.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from longctx.data.synth import MARKS_SUFFIX, load_marks
+from longctx.data.synth import load_marks, marks_path
 from longctx.run_layout import TOKEN_NLL
 
 # The split `token_nll.npz` holds, by the subcommand that wrote it last (summary.json `subcommand`).
@@ -33,12 +33,14 @@ def marks_for_run(config: dict[str, Any], subcommand: str | None) -> dict[str, n
     data = data.get("init_args") or data
     files = data.get("files") or {}
     split = SCORED_SPLIT.get(subcommand or "")
-    if data.get("corpus") != "text_files" or data.get("tokenizer") != "bytes" or split not in files:
+    if data.get("corpus") != "text_files" or split not in files:
         return None
     text = Path(files[split])
-    if not (text.parent / f"{text.stem}{MARKS_SUFFIX}").is_file():
+    if not marks_path(text).is_file():
         return None
-    return load_marks(text.parent, text.stem)
+    marks = load_marks(text.parent, text.stem)
+    # Offsets in the unit of the run's tokens only (sidecars that do not say it are byte offsets).
+    return marks if str(marks.get("tokenizer", "bytes")) == data.get("tokenizer") else None
 
 
 def marked_losses(run_dir: Path, config: dict[str, Any], subcommand: str | None) -> dict[str, float | None]:
@@ -53,7 +55,7 @@ def marked_losses(run_dir: Path, config: dict[str, Any], subcommand: str | None)
         nll, offset = per_token["nll"].astype(np.float64), per_token["offset"]
     losses = {}
     for column, key in (("long_range_loss", "offset"), ("near_loss", "near_offset")):
-        scored = np.isin(offset, marks[key])
+        scored = np.isin(offset, marks[key]) if key in marks else np.zeros(0, bool)  # mqar: no near answers
         losses[column] = float(nll[scored].mean()) if scored.any() else None
     return losses
 

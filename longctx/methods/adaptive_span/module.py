@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.recall import target_is_argmax
 from longctx.methods.adaptive_span import flops as span_flops
 from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
@@ -92,6 +93,7 @@ class AdaptiveSpanLM(LMBase):
         x = batch["input"]
         out = self.net(x, memory, span_cap=None if self.training else self.eval_span_cap)
         nll = F.cross_entropy(out.logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, M)
+        correct = target_is_argmax(out.logits, batch["target"]) if self.wants_correct else None
         extra_loss = None
         logs: dict[str, Tensor | float] = {}
         if out.spans:  # per layer (H,): kept on the device for `head_spans` (no sync per step)
@@ -100,7 +102,7 @@ class AdaptiveSpanLM(LMBase):
             if out.penalty is not None:
                 extra_loss = self.span_loss * out.penalty
             logs = self._span_logs(out)
-        return StepOutput(nll=nll, memory=out.cache, extra_loss=extra_loss, logs=logs)
+        return StepOutput(nll=nll, memory=out.cache, extra_loss=extra_loss, logs=logs, correct=correct)
 
     def _span_logs(self, out: SpanTransformerOutput) -> dict[str, Tensor | float]:
         """The spans, two ways, plus the penalty and the attended length.
@@ -149,6 +151,12 @@ class AdaptiveSpanLM(LMBase):
         if config.span == "dynamic" and self._last_spans:
             return [z.float().cpu() for z in self._last_spans]
         return [torch.full((config.n_heads,), float(config.attn_span)) for _ in self.net.layers]
+
+    def state_size(self) -> int:
+        """cap·d numbers per layer: the cached states the farthest query may attend at evaluation
+        (`eval_span_cap`, else the maximum span S). Learned spans may use fewer; the cache holds S."""
+        config = self.net.config
+        return (self.eval_span_cap or config.attn_span) * config.d_model
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per token with each head over its own span (z + R, at most S; `flops.py`),

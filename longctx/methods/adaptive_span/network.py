@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.core.knob_groups import network_config
+from longctx.core.knob_groups import check_probabilities, check_sizes, network_config
 from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind, SpanTrim, check_span_knobs
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.attention_kernel import AttentionKernel
@@ -86,6 +86,8 @@ class SpanTransformerConfig:
     attention: AttentionKernel = "sdpa"
 
     def __post_init__(self) -> None:
+        check_sizes(self, "d_model", "n_layers", "n_heads", "d_inner")
+        check_probabilities(self, "dropout", "emb_dropout")
         if self.attn_span <= 0 or self.span_ramp < 0 or self.chunk_size <= 0:
             raise ValueError(
                 f"attn_span ({self.attn_span}) and chunk_size ({self.chunk_size}) must be positive and "

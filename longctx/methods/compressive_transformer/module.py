@@ -151,6 +151,10 @@ class CompressiveTransformerLM(LMBase):
         return ct_memory.reset_compressive_memory_rows(memory, reset)
 
     # ------------------------------------------------------------------ cost
+    def state_size(self) -> int:
+        """(n_m + n_cm)·d numbers per layer at evaluation: the memory and the compressed memory."""
+        return (self.eval_lengths.mem_len + self.eval_lengths.cmem_len) * self.net.d_model
+
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`)."""
         config, net = self.net.config, self.net
@@ -197,7 +201,8 @@ class CompressiveTransformerLM(LMBase):
             logs["compressed_mass"] = out.compressed_mass.mean()
             for i, mass in enumerate(out.compressed_mass):
                 logs[f"compressed_mass_layer{i}"] = mass
-        return StepOutput(nll=nll, memory=out.memory, extra_loss=extra_loss, logs=logs)
+        correct = self.net.crit.target_is_argmax(out.hidden, batch["target"]) if self.wants_correct else None
+        return StepOutput(nll=nll, memory=out.memory, extra_loss=extra_loss, logs=logs, correct=correct)
 
     # ------------------------------------------------------------------ optimisation
     def _split_parameters(self) -> tuple[list[Tensor], list[Tensor]]:

@@ -49,7 +49,7 @@ Notation (the paper's symbols and where they live; files of this folder; § = th
 |           | scored token                       |      | flops.py:hf_model_flops_per_scored_token           |
 | PPL/word  | exp(NLL of the split / its words)  | 4    | longctx/core/base.py:LMBase,                       |
 |           | (`{stage}/word_ppl`)               |      | longctx/core/data_facts.py:LMDataFacts.word_count  |
-| baseline  | the same GPT-2 on the same         | 4    | network.py:window_nll                              |
+| baseline  | the same GPT-2 on the same         | 4    | network.py:window_scores                           |
 |           | windows, no recurrence             |      |                                                    |
 |           | (`recurrence: false`)              |      |                                                    |
 

@@ -92,12 +92,27 @@ def build_lm(
             )
     else:
         fields = {"bos_token_id": None, "eos_token_id": None, **gpt2_config, "vocab_size": vocab_size}
-        lm = GPT2LMHeadModel(GPT2Config(**fields))
+        config = GPT2Config(**fields)
+        check_gpt2_sizes(config)
+        lm = GPT2LMHeadModel(config)
         lm.set_attn_implementation(impl)
     if attn_implementation == "eager" and getattr(lm.config, "reorder_and_upcast_attn", False):
         # GPT-2 runs its own upcast attention only when the implementation is literally "eager".
         raise ValueError("reorder_and_upcast_attn is not supported with the recurrence; use sdpa")
     return lm
+
+
+def check_gpt2_sizes(config: GPT2Config) -> None:
+    """One line for a size `GPT2Config` takes but its modules cannot build or run (a zero or negative
+    size, a width its heads do not divide): transformers would fail later with a division by zero."""
+    for name in ("n_embd", "n_head", "n_layer", "n_positions"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"gpt2_config.{name} must be at least 1, got {value}")
+    if config.n_embd % config.n_head:
+        raise ValueError(
+            f"gpt2_config.n_embd ({config.n_embd}) must be divisible by gpt2_config.n_head ({config.n_head})"
+        )
 
 
 # ---------------------------------------------------------------------------------------- load / save

@@ -44,7 +44,7 @@ from longctx.methods.recurrence.hf import (
     restore_after_unpickling,
 )
 from longctx.methods.recurrence.memory import RecurrenceMemory
-from longctx.methods.recurrence.network import WindowRecurrence, window_nll
+from longctx.methods.recurrence.network import WindowRecurrence, window_scores
 
 
 class RecurrentGPT2LM(LMBase):
@@ -135,7 +135,7 @@ class RecurrentGPT2LM(LMBase):
             reset = batch["reset"]
             if not self.training and self.eval_h_prev == "reset":
                 reset = torch.ones_like(reset)
-            nll, h_prev = self.recurrence(
+            out = self.recurrence(
                 self.lm,
                 x,
                 batch["target"],
@@ -145,11 +145,18 @@ class RecurrentGPT2LM(LMBase):
                 checkpoint_windows=use_checkpoint,
                 window_by_window=use_checkpoint and self.window_by_window,
                 loss_chunk=self.loss_chunk,
+                need_correct=self.wants_correct,
             )
-            memory = RecurrenceMemory(h_prev)
+            nll, correct, memory = out.nll, out.correct, RecurrenceMemory(out.h_prev)
         else:
-            nll, memory = self._baseline_nll(x, batch["target"], use_checkpoint), None
-        return StepOutput(nll=nll, memory=memory)
+            (nll, correct), memory = self._baseline_scores(x, batch["target"], use_checkpoint), None
+        return StepOutput(nll=nll, memory=memory, correct=correct)
+
+    def state_size(self) -> int:
+        """d: the one vector h_prev carried from window to window (read at layer ℓ_ins); 0 for the
+        windowed baseline and with `eval_h_prev: reset`."""
+        carried = self.recurrence is not None and self.eval_h_prev == "carried"
+        return self.lm.config.hidden_size if carried else 0
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token for windows of T = `segment_length` at the evaluation
@@ -159,17 +166,20 @@ class RecurrentGPT2LM(LMBase):
             self.lm, segment_length, self._eval_overlap(), output_layer=True
         )
 
-    def _baseline_nll(self, x: Tensor, target: Tensor, use_checkpoint: bool) -> Tensor:
-        """Independent windows: one forward over (B·K, T), or one checkpointed forward per window."""
+    def _baseline_scores(
+        self, x: Tensor, target: Tensor, use_checkpoint: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Independent windows: one forward over (B·K, T), or one checkpointed forward per window (in
+        training); the NLL (B, K, T) and, when `wants_correct`, the correctness (B, K, T)."""
         if not use_checkpoint:
-            batch, n_windows, length = x.shape
-            flat_x, flat_target = x.reshape(-1, length), target.reshape(-1, length)
-            return window_nll(self.lm, flat_x, flat_target, self.loss_chunk).view(batch, n_windows, length)
+            flat_x, flat_target = x.flatten(0, 1), target.flatten(0, 1)
+            nll, correct = window_scores(self.lm, flat_x, flat_target, self.loss_chunk, self.wants_correct)
+            return nll.view(x.shape), None if correct is None else correct.view(x.shape)
         nlls = [
-            checkpoint(window_nll, self.lm, x[:, k], target[:, k], self.loss_chunk, use_reentrant=False)
+            checkpoint(window_scores, self.lm, x[:, k], target[:, k], self.loss_chunk, use_reentrant=False)[0]
             for k in range(x.shape[1])
         ]
-        return torch.stack(nlls, 1)
+        return torch.stack(nlls, 1), None
 
     def _eval_overlap(self) -> int:
         data = self.data_facts()

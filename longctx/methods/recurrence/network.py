@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longctx.core.knob_groups import network_config
+from longctx.core.recall import target_is_argmax
 from longctx.methods.recurrence.bptt import reverse_window_bptt
 from longctx.methods.recurrence.chunked_loss import linear_cross_entropy
 
@@ -321,13 +322,15 @@ class WindowRecurrence(nn.Module):
         h_prev: Tensor | None,
         present: Tensor | None,
         loss_chunk: int = 0,
-    ) -> tuple[Tensor, Tensor]:
-        """One window (B, T): per-target NLL (B, T) and the pooled z (B, d). The unit of checkpointing."""
+        need_correct: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """One window (B, T): per-target NLL (B, T), the pooled z (B, d) and, if `need_correct`, whether
+        each target is the LM's argmax (B, T) (else None). The unit of checkpointing."""
         slot = self.slot_for(lm, h_prev, present)
         out = run_window(lm.base_model, input_ids, slot=slot, output_hidden_states=True)
-        nll = token_nll(lm, out.last_hidden_state, target, loss_chunk)
+        nll, correct = token_scores(lm, out.last_hidden_state, target, loss_chunk, need_correct)
         states = out.hidden_states if self.pool_embeddings else out.hidden_states[1:]
-        return nll, self.pooling(states, valid)
+        return nll, self.pooling(states, valid), correct
 
     def forward(
         self,
@@ -340,7 +343,8 @@ class WindowRecurrence(nn.Module):
         checkpoint_windows: bool = False,
         window_by_window: bool = False,
         loss_chunk: int = 0,
-    ) -> tuple[Tensor, Tensor]:
+        need_correct: bool = False,
+    ) -> WindowsOutput:
         """Backprop through K windows.
 
         input_ids, target, mask: (B, K, T); reset: (B, K) bool (the row starts a document at that
@@ -350,30 +354,45 @@ class WindowRecurrence(nn.Module):
         With `window_by_window` (also recomputing each window), the backward runs one window at a
         time in reverse and only h_prev,i stays in memory: no gradient buffer beyond `.grad` (`bptt.py`).
         loss_chunk: tokens per chunk of the LM head's logits (`token_nll`; 0: all at once).
-        Returns nll (B, K, T) and h_prev for the next batch (B, d).
+        need_correct: also say whether each target is the LM's argmax (evaluation of recall).
+        Returns nll (B, K, T), h_prev for the next batch (B, d) and the correctness (`WindowsOutput`).
         """
         check_recurrence_attention(lm)
 
-        def window(k: int, h_prev: Tensor | None) -> tuple[Tensor, Tensor]:
-            """Window k from the state entering it: NLL (B, T) and the state leaving it (B, d)."""
+        def window(k: int, h_prev: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+            """Window k from the state entering it: NLL (B, T), the state leaving it (B, d) and the
+            correctness (B, T) or None."""
             present = None if h_prev is None else ~reset[:, k].to(h_prev.device)
             valid = valid_positions(mask[:, k])
-            args = (lm, input_ids[:, k], target[:, k], valid, h_prev, present, loss_chunk)
+            args = (lm, input_ids[:, k], target[:, k], valid, h_prev, present, loss_chunk, need_correct)
             if checkpoint_windows and not window_by_window and torch.is_grad_enabled():
-                nll, z = checkpoint(self.window, *args, use_reentrant=False)
+                nll, z, correct = checkpoint(self.window, *args, use_reentrant=False)
             else:
-                nll, z = self.window(*args)
-            return nll, self.ffn(z)
+                nll, z, correct = self.window(*args)
+            return nll, self.ffn(z), correct
 
         n_windows = input_ids.shape[1]
         if window_by_window and torch.is_grad_enabled():
             modules = {"lm": lm, "recurrence": self}
-            return reverse_window_bptt(modules, window, n_windows, h_prev, input_ids.device)
-        nlls = []
+            nll, h_prev = reverse_window_bptt(
+                modules, lambda k, h: window(k, h)[:2], n_windows, h_prev, input_ids.device
+            )
+            return WindowsOutput(nll, h_prev)
+        nlls, corrects = [], []
         for k in range(n_windows):
-            nll, h_prev = window(k, h_prev)
+            nll, h_prev, correct = window(k, h_prev)
             nlls.append(nll)
-        return torch.stack(nlls, 1), h_prev
+            corrects.append(correct)
+        return WindowsOutput(torch.stack(nlls, 1), h_prev, torch.stack(corrects, 1) if need_correct else None)
+
+
+class WindowsOutput(NamedTuple):
+    """What `WindowRecurrence` returns for K windows: nll (B, K, T); h_prev (B, d) for the next batch;
+    correct (B, K, T) bool (the target is the LM's argmax), None unless asked."""
+
+    nll: Tensor
+    h_prev: Tensor
+    correct: Tensor | None = None
 
 
 def token_nll(lm: nn.Module, hidden: Tensor, target: Tensor, loss_chunk: int = 0) -> Tensor:
@@ -391,7 +410,30 @@ def token_nll(lm: nn.Module, hidden: Tensor, target: Tensor, loss_chunk: int = 0
     return linear_cross_entropy(hidden, head.weight, target, loss_chunk)
 
 
-def window_nll(lm: nn.Module, input_ids: Tensor, target: Tensor, loss_chunk: int = 0) -> Tensor:
-    """Per-target NLL (B, T) of independent windows (the baseline: no recurrence)."""
+def token_scores(
+    lm: nn.Module, hidden: Tensor, target: Tensor, loss_chunk: int = 0, need_correct: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """`token_nll` and, if `need_correct`, whether each target (B, T) is the argmax of the LM head's
+    log-probabilities (`loss_chunk` tokens' logits at a time, or all at once), else None."""
+    nll = token_nll(lm, hidden, target, loss_chunk)
+    if not need_correct:
+        return nll, None
+    head = lm.get_output_embeddings()
+    flat_hidden, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+    rows = loss_chunk or flat_hidden.shape[0]
+    correct = torch.cat(
+        [
+            target_is_argmax(head(part), part_target)
+            for part, part_target in zip(flat_hidden.split(rows), flat_target.split(rows), strict=True)
+        ]
+    )
+    return nll, correct.view(target.shape)
+
+
+def window_scores(
+    lm: nn.Module, input_ids: Tensor, target: Tensor, loss_chunk: int = 0, need_correct: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Per-target NLL (B, T) of independent windows (the baseline: no recurrence) and, if
+    `need_correct`, whether each target is the LM's argmax (`token_scores`)."""
     hidden = run_window(lm.base_model, input_ids).last_hidden_state
-    return token_nll(lm, hidden, target, loss_chunk)
+    return token_scores(lm, hidden, target, loss_chunk, need_correct)

@@ -23,8 +23,10 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import WandbLogger
 from matplotlib.figure import Figure
 
+from longctx.callbacks.run_record import keep_artifact
 from longctx.callbacks.token_nll import set_token_nll_name
 from longctx.data.datamodule import LMDataModule
+from longctx.errors import BadInput
 from longctx.methods.recurrence.overlap_record import evaluated, finished_overlaps, save_overlaps
 
 
@@ -37,8 +39,7 @@ def evaluate_overlaps(
     split: Literal["valid", "test"] = "test",
 ) -> list[dict[str, float]]:
     """Evaluate one checkpoint at every overlap; returns one row of metrics per overlap."""
-    if datamodule.mode != "windows":
-        raise ValueError("evaluate_overlaps needs data.mode: windows (a windowed GPT-2 config)")
+    check_overlaps(model, datamodule, overlaps)
     evaluate = trainer.test if split == "test" else trainer.validate
     stage = "test" if split == "test" else "val"
     run_dir = Path(trainer.default_root_dir)
@@ -51,10 +52,11 @@ def evaluate_overlaps(
         start = time.perf_counter()
         if overlap in done:
             rows.append(done[overlap])
+            keep_artifact(trainer, token_nll_name(overlap))  # its per-token file, if one was written
             say_overlap(trainer, i, len(overlaps), done[overlap], stage, "finished earlier, kept")
             continue
         datamodule.set_eval_overlap(overlap)
-        set_token_nll_name(trainer, f"token_nll_overlap{overlap}.npz")  # with --write_token_nll true
+        set_token_nll_name(trainer, token_nll_name(overlap))  # with --write_token_nll true
         metrics = evaluate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)[0]
         rows.append({"overlap": overlap, **{k: float(v) for k, v in metrics.items()}})
         ckpt_path = None  # weights are loaded once
@@ -79,6 +81,32 @@ def evaluate_overlaps(
     for row in rows:
         print(" ".join(f"{row.get(name, float('nan')):>18.6g}" for name in ["overlap", *columns]))
     return rows
+
+
+def token_nll_name(overlap: int) -> str:
+    """The per-token file of one overlap (`--write_token_nll true`)."""
+    return f"token_nll_overlap{overlap}.npz"
+
+
+def check_overlaps(model: pl.LightningModule, datamodule: LMDataModule, overlaps: Sequence[int]) -> None:
+    """One line, before anything is evaluated, for a model that reads no windows or an overlap its
+    windows cannot take (the stride, window − overlap, must be positive)."""
+    if datamodule.mode != "windows":
+        raise BadInput(
+            f"evaluate_overlaps evaluates windowed models (data.mode: windows, the GPT-2 configs such as "
+            f"configs/gpt2_window_tiny.yaml), and {type(model).__name__} reads segments: evaluate it with "
+            "validate or test, or sweep its context with `python -m longctx context`"
+        )
+    window = datamodule.eval_tgt_len
+    bad = [overlap for overlap in overlaps if not 0 <= overlap < window]
+    if bad or not overlaps:
+        what = f"{', '.join(map(str, bad))} out of range" if bad else "no overlap given"
+        example = ",".join(str(window * i // 4) for i in range(4))
+        raise BadInput(
+            f"--overlaps {list(overlaps)}: {what}; each overlap o must satisfy 0 <= o < the window "
+            f"(data.eval_tgt_len {window}), so that the stride window - o is positive; e.g. --overlaps "
+            f"'[{example}]'"
+        )
 
 
 def say_overlap(trainer: pl.Trainer, i: int, n: int, row: dict[str, float], stage: str, note: str) -> None:

@@ -164,6 +164,17 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             out.append(head[:, -i, None] + tail)
         return torch.cat(out, dim=-1)
 
+    def predict(self, hidden: Tensor, max_logits: int = 1 << 24) -> Tensor:
+        """(N,) the most probable word of each hidden state (N, d_proj): the argmax of the full
+        `log_prob`, head and tail clusters alike, made for at most `max_logits` log-probabilities at
+        once (rows in chunks; a wt103 vocabulary of 267,735 words takes 62 rows per chunk)."""
+        rows = max(1, max_logits // self.n_token)
+        return torch.cat([self.log_prob(part).argmax(-1) for part in hidden.split(rows)])
+
+    def target_is_argmax(self, hidden: Tensor, target: Tensor) -> Tensor:
+        """(...) bool: `target` (...) is the most probable word (`predict`) given `hidden` (..., d_proj)."""
+        return self.predict(hidden.reshape(-1, hidden.shape[-1])).view(target.shape) == target
+
     def forward(self, hidden: Tensor, target: Tensor) -> Tensor:
         """NLL (nats) of target (N,) given hidden (N, d_proj), in the order of the input: (N,)."""
         if self.n_clusters == 0:

@@ -159,6 +159,12 @@ class TransformerXLLM(LMBase):
         return xl_memory.reset_memory_rows(memory, reset, zero_fill=zero_fill)
 
     # ------------------------------------------------------------------ cost
+    def state_size(self) -> int:
+        """The evaluation memory's m·d numbers per layer (TRAMS: the m slots attended of its pool;
+        RPE, memory 0: 0). The keys and values are projections of these states."""
+        slots = self.trams.attended if self.trams is not None else self.eval_lengths.mem_len
+        return slots * self.net.d_model
+
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with the full evaluation memory (TRAMS: the
         pool M, the attended window and the scoring; `flops.py`)."""
@@ -204,7 +210,9 @@ class TransformerXLLM(LMBase):
             logs["trams/mem_mass"] = masses.mean()
             for i, m in enumerate(masses):
                 logs[f"trams/mem_mass_layer{i}"] = m
-        return StepOutput(nll=nll, memory=out.memory, mask=mask, logs=logs)
+        # The argmax over the full vocabulary of the adaptive softmax: head and tail clusters.
+        correct = self.net.crit.target_is_argmax(out.hidden, batch["target"]) if self.wants_correct else None
+        return StepOutput(nll=nll, memory=out.memory, mask=mask, logs=logs, correct=correct)
 
 
 def drop_last_scored(mask: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.core.knob_groups import network_config
+from longctx.core.knob_groups import check_probabilities, check_sizes, network_config
 from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
 from longctx.methods.transformer_xl.adaptive_softmax import (
     AdaptiveEmbedding,
@@ -113,6 +113,18 @@ class TransformerXLConfig:
 
     def __post_init__(self) -> None:
         check_attention_kernel(self.attention)
+        check_sizes(self, "n_layers", "d_model", "n_heads", "d_inner", "d_head", "d_embed", "div_val")
+        if self.head_dim < 1:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) exceeds d_model ({self.d_model}): each head gets d_model // "
+                "n_heads dimensions; give fewer heads, or d_head"
+            )
+        check_probabilities(self, "dropout", "dropatt")
+        if self.init_std < 0 or self.proj_init_std < 0 or self.layer_norm_eps <= 0:
+            raise ValueError(
+                f"init_std ({self.init_std}) and proj_init_std ({self.proj_init_std}) must be >= 0 and "
+                f"layer_norm_eps ({self.layer_norm_eps}) > 0"
+            )
         if self.d_model % 2:
             raise ValueError(f"d_model ({self.d_model}) must be even (sin and cos halves of the sinusoid)")
         object.__setattr__(self, "cutoffs", tuple(self.cutoffs or ()))  # lists from Python callers

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.recall import target_is_argmax
 from longctx.methods.window_transformer.flops import flops_per_token
 from longctx.methods.window_transformer.network import WindowTransformer
 
@@ -50,7 +51,12 @@ class WindowTransformerLM(LMBase):
         x = batch["input"]  # (B, L)
         logits = self.net(x)  # (B, L, V)
         nll = F.cross_entropy(logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, L)
-        return StepOutput(nll=nll, memory=None)
+        correct = target_is_argmax(logits, batch["target"]) if self.wants_correct else None
+        return StepOutput(nll=nll, memory=None, correct=correct)
+
+    def state_size(self) -> int:
+        """0: nothing is carried from one window to the next."""
+        return 0
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token on segments of `segment_length` tokens (2 × multiply-accumulates);

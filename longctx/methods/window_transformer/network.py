@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.core.knob_groups import network_config
+from longctx.core.knob_groups import check_probabilities, check_sizes, network_config
 
 
 class CausalSelfAttention(nn.Module):
@@ -83,13 +83,10 @@ class WindowTransformerConfig:
     dropout: float = 0.1
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_layers", "n_heads", "d_inner", "max_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        check_sizes(self, "d_model", "n_layers", "n_heads", "d_inner", "max_len")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_probabilities(self, "dropout")
 
     def build(self, vocab_size: int) -> WindowTransformer:
         return WindowTransformer(vocab_size, self)

@@ -1,0 +1,281 @@
+"""The methods `benchmarks/mfu.py` measures, each at its paper's shape, and the model FLOPs of a step.
+
+One entry of `BENCHES` per method: the module, the knobs of the paper's model (`paper`) and of a
+tiny one that runs the same code on a CPU in seconds (`tiny`), one training and one evaluation step
+(rows, tokens per row, the evaluation knobs), and where the shape comes from. Adding a method is one
+entry (its module must implement `LMBase.flops_per_token`).
+
+Model FLOPs per token are the method's own count, `LMBase.flops_per_token` (its `flops.py`: the
+number `report` shows as `val/flops_per_token`), taken from the module built with the knobs under
+which that count describes the measured step (`Step.flops_knobs`): for training, Transformer-XL's
+evaluation memory set to its training memory and the key/value cache off (training projects the
+memory again every segment). Two corrections, both from the methods' own `flops.py` functions:
+
+- the adaptive softmax (Transformer-XL on WikiText-103): `flops.py` counts the full log-probability
+  over all 267,735 words, an upper bound; the NLL computes the head for every target and a tail
+  cluster only for the targets in it, so the output layer is counted for the step's own targets
+  (`adaptive_softmax_macs`);
+- the Compressive Transformer at evaluation: its `flops.py` counts the memories' keys and values
+  projected again every segment, which its key/value cache (on by default) does not do
+  (`compressive_cache_correction`).
+
+FLOPs = 2 × multiply-accumulates (`longctx.flops`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from longctx.core.base import LMBase
+from longctx.methods.transformer_xl import flops as xl_flops
+
+Mode = Literal["train", "eval"]
+MODES: tuple[Mode, ...] = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measured step: `batch` rows of `length` tokens (segments), or of `windows` windows of
+    `length` tokens each (window mode); `knobs`: this mode's own module knobs (the evaluation
+    memory); `fill`: steps until every memory is full (untimed); `flops_knobs`: knobs under which
+    the module's `flops_per_token` counts this step (see the module docstring)."""
+
+    batch: int
+    length: int
+    windows: int = 0
+    knobs: dict = field(default_factory=dict)
+    fill: int = 1
+    flops_knobs: dict = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per step, every one scored."""
+        return self.batch * self.length * max(self.windows, 1)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A model size: vocabulary, the module's knobs (flat names, `LMBase.fold_knobs`) and its steps."""
+
+    vocab: int
+    knobs: dict
+    train: Step | None
+    eval: Step | None
+
+    def step(self, mode: Mode) -> Step | None:
+        return self.train if mode == "train" else self.eval
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A method: `module` (import path of its `LMBase` class), `paper` and `tiny` scales, `shape`
+    (the paper's shape in words and what differs on one GPU), `config` (the config of that model),
+    `kernel_knob` (the knob choosing eager or sdpa attention; None: fused only), `flex` (accepts
+    "flex" at evaluation), `cache_knob` (the evaluation key/value cache's knob; None: none),
+    `correction(lm, mode, step)`: FLOPs per token to add to the module's count (see above)."""
+
+    module: str
+    paper: Scale
+    tiny: Scale
+    shape: str
+    config: str
+    kernel_knob: str | None = "attention"
+    flex: bool = True
+    cache_knob: str | None = None
+    correction: Callable[[LMBase, Mode, Step], float] | None = None
+
+    def scale(self, tiny: bool) -> Scale:
+        return self.tiny if tiny else self.paper
+
+    def module_class(self) -> type[LMBase]:
+        package, name = self.module.rsplit(".", 1)
+        return getattr(importlib.import_module(package), name)
+
+    def build(self, scale: Scale, mode: Mode, device: torch.device | str, **knobs) -> LMBase:
+        """The module at `scale` with `mode`'s knobs and `knobs` (each over the one before), its
+        parameters created on `device`."""
+        knobs = {**scale.knobs, **scale.step(mode).knobs, **knobs}
+        with torch.device(device):
+            lm = self.module_class()(vocab_size=scale.vocab, **knobs)
+        return lm.to(device)
+
+
+# ------------------------------------------------------------------ FLOPs per token
+
+
+def adaptive_softmax_macs(lm: LMBase, targets: Tensor) -> float:
+    """Mean multiply-accumulates per target of the XL family's output layer as its NLL computes it
+    (`ProjectedAdaptiveLogSoftmax.forward`): every target the head (shortlist + one logit per
+    cluster), a target in tail cluster i also that cluster's logits, each after its projection
+    (when d_embed ≠ d_model or div_val > 1)."""
+    c, vocab, cutoffs = lm.net.config, lm.vocab_size, lm.cutoffs
+    d_embed = c.d_embed or c.d_model
+    ends = [0, *cutoffs, vocab]
+    targets = targets.flatten().to("cpu")
+
+    def cluster_macs(i: int, logits: int) -> float:
+        d_i = d_embed // c.div_val**i
+        projection = c.d_model * d_i if (c.div_val > 1 or d_embed != c.d_model) else 0
+        return projection + d_i * logits
+
+    total = cluster_macs(0, cutoffs[0] + len(cutoffs))
+    for i in range(1, len(ends) - 1):
+        share = ((targets >= ends[i]) & (targets < ends[i + 1])).float().mean().item()
+        total += share * cluster_macs(i, ends[i + 1] - ends[i])
+    return total
+
+
+def output_layer_correction(lm: LMBase, targets: Tensor) -> float:
+    """FLOPs per token to add to an XL-family count for the output layer as computed for `targets`
+    (0 for a full softmax, which `flops.py` counts exactly, and for the other methods)."""
+    if not getattr(lm, "cutoffs", None):
+        return 0.0
+    c = lm.net.config
+    upper_bound = xl_flops.output_macs(c.d_model, lm.vocab_size, lm.cutoffs, c.d_embed, c.div_val)
+    return 2 * (adaptive_softmax_macs(lm, targets) - upper_bound)
+
+
+def compressive_cache_correction(lm: LMBase, mode: Mode, step: Step) -> float:
+    """At evaluation with the key/value cache: the Compressive Transformer's `flops.py` counts the keys
+    and values of all n_m + n_cm memory slots projected again every segment; with the cache only the
+    n/c slots compressed in that segment are projected (the memory's new slots are the previous
+    segment's states, projected then). Each term is Transformer-XL's count without − with the cache
+    over that many slots."""
+    if mode != "eval" or not lm.eval_cache_kv:
+        return 0.0
+    c, lengths = lm.net.config, lm.eval_lengths
+
+    def reprojected(slots: float) -> float:
+        sizes = dict(
+            n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, d_head=c.head_dim, d_inner=c.d_inner,
+            vocab_size=lm.vocab_size, segment_length=step.length, memory_length=slots,
+        )  # fmt: skip
+        return xl_flops.flops_per_token(**sizes, cache_kv=False) - xl_flops.flops_per_token(
+            **sizes, cache_kv=True
+        )
+
+    return reprojected(step.length / c.compression_rate) - reprojected(lengths.mem_len + lengths.cmem_len)
+
+
+def counting_module(bench: Bench, scale: Scale, mode: Mode, lm: LMBase) -> LMBase:
+    """The module whose `flops_per_token` counts `mode`'s step: the measured `lm`, or where the step
+    has `flops_knobs` a twin built with them on the meta device (no memory, no values)."""
+    knobs = scale.step(mode).flops_knobs
+    return bench.build(scale, mode, "meta", **knobs) if knobs else lm
+
+
+def forward_flops(bench: Bench, scale: Scale, mode: Mode, lm: LMBase, targets: Tensor) -> float:
+    """Model FLOPs per token of one forward pass of `mode`'s step (training counts it 3 times):
+    the counting module's `flops_per_token` with the corrections above (`targets`: the step's)."""
+    step = scale.step(mode)
+    counted = counting_module(bench, scale, mode, lm)
+    flops = counted.flops_per_token(step.length) + output_layer_correction(counted, targets)
+    if bench.correction is not None:
+        flops += bench.correction(counted, mode, step)
+    return flops
+
+
+# ------------------------------------------------------------------ the methods
+
+# configs/transformer_xl_wt103.yaml: the WikiText-103 base model with its adaptive input and softmax.
+XL_WT103 = dict(
+    n_layers=16, d_model=410, n_heads=10, d_head=41, d_inner=2100, cutoffs=[20000, 40000, 200000],
+    div_val=1, tie_projs=[False, True, True, True], mem_len=150,
+)  # fmt: skip
+XL_TINY = dict(n_layers=2, d_model=32, n_heads=2, d_inner=64, cutoffs=[100, 200], mem_len=16)
+# Evaluation at TRAMS's setting (Yu et al. 2023, configs/trams_wt103.yaml): n = 64, XL's memory
+# m = 200, no same_length, no clamp; TRAMS attends m = 200 (150 kept + 50 selected) of a pool M = 400.
+XL_EVAL = dict(eval_mem_len=200, eval_same_length=False, eval_clamp_len=0)
+TRAMS_EVAL = dict(trams_pool=400, trams_attended=200, trams_kept=150)
+TRAMS_TINY = dict(trams_pool=24, trams_attended=16, trams_kept=8)
+CACHED = {"eval_cache_kv": True}  # the count of the minimal computation, whatever the variant runs
+# configs/adaptive_span.yaml (enwik8 small), every head z = 213, so that z + R = 245, the small enwik8
+# model's average span (benchmarks/RESULTS.md, "FLOPs per token against the paper": 42.4M MACs).
+SPAN_SMALL = dict(
+    d_model=512, n_layers=12, n_heads=8, d_inner=2048, attn_span=8192, dropout=0.3, span_ramp=32,
+    span_init=213 / 8192,
+)  # fmt: skip
+SPAN_TINY = dict(d_model=32, n_layers=2, n_heads=2, d_inner=64, attn_span=64, span_ramp=8, span_init=0.25)
+# configs/compressive_transformer_pg19.yaml: Rae et al. 2020's PG-19 model (§5.1).
+CT_PG19 = dict(
+    n_layers=36, d_model=1024, n_heads=8, d_head=128, d_inner=4096, cutoffs=[], compression="conv",
+    compression_rate=2, mem_len=512, cmem_len=512,
+)  # fmt: skip
+CT_TINY = dict(n_layers=2, d_model=32, n_heads=2, d_inner=64, compression_rate=2, mem_len=16, cmem_len=8)
+GPT2_SMALL = dict(gpt2_config={"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024})
+GPT2_TINY = dict(gpt2_config={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64}, insert_layer=1)
+XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
+XL_TRAIN_COUNT = {"eval_cache_kv": False}  # with the evaluation memory = the training memory
+
+BENCHES: dict[str, Bench] = {
+    "transformer_xl": Bench(
+        XL,
+        paper=Scale(
+            267_735,
+            XL_WT103,
+            train=Step(60, 150, flops_knobs={"eval_mem_len": 150, **XL_TRAIN_COUNT}),
+            eval=Step(60, 64, knobs=XL_EVAL, fill=4, flops_knobs=CACHED),
+        ),
+        tiny=Scale(
+            300,
+            XL_TINY,
+            train=Step(2, 16, flops_knobs={"eval_mem_len": 16, **XL_TRAIN_COUNT}),
+            eval=Step(2, 8, knobs={**XL_EVAL, "eval_mem_len": 16}, fill=2, flops_knobs=CACHED),
+        ),
+        shape="WikiText-103 base (Dai et al. 2019): 16 layers, d 410, 10 heads of 41, inner 2100, "
+        "adaptive input and softmax (cutoffs 20k/40k/200k); training n 150, memory 150, batch 60 (the "
+        "config's); evaluation at TRAMS's m = 200, n = 64, batch 60",
+        config="configs/transformer_xl_wt103.yaml",
+        cache_knob="eval_cache_kv",
+    ),
+    "trams": Bench(
+        XL,
+        paper=Scale(
+            267_735, XL_WT103, None, Step(60, 64, knobs={**XL_EVAL, **TRAMS_EVAL}, fill=7, flops_knobs=CACHED)
+        ),
+        tiny=Scale(
+            300, XL_TINY, None, Step(2, 8, knobs={**XL_EVAL, **TRAMS_TINY}, fill=3, flops_knobs=CACHED)
+        ),
+        shape="the same model evaluated with TRAMS (Yu et al. 2023): pool M = 400, m = 200 = 150 kept "
+        "+ 50 selected, n = 64, batch 60",
+        config="configs/trams_wt103.yaml",
+        cache_knob="eval_cache_kv",
+    ),
+    "adaptive_span": Bench(
+        "longctx.methods.adaptive_span.module.AdaptiveSpanLM",
+        paper=Scale(256, SPAN_SMALL, train=Step(64, 512), eval=Step(64, 512)),
+        tiny=Scale(64, SPAN_TINY, train=Step(2, 16), eval=Step(2, 16)),
+        shape="enwik8 small (Sukhbaatar et al. 2019): 12 layers, d 512, 8 heads, inner 2048, S 8192, "
+        "block 512, every head's span z + R = 245 (the paper's average), batch 64 (the paper's "
+        "global batch, on one GPU)",
+        config="configs/adaptive_span.yaml",
+    ),
+    "compressive_transformer": Bench(
+        "longctx.methods.compressive_transformer.module.CompressiveTransformerLM",
+        paper=Scale(50_257, CT_PG19, Step(8, 512, fill=3), Step(8, 512, fill=3, flops_knobs=CACHED)),
+        tiny=Scale(64, CT_TINY, Step(2, 16, fill=2), Step(2, 16, fill=2, flops_knobs=CACHED)),
+        shape="PG-19 (Rae et al. 2020, §5.1): 36 layers, d 1024, 8 heads of 128, inner 4096, "
+        "n_s = n_m = n_cm = 512, c 2, conv f_c, full softmax over GPT-2's 50,257 ids; scaled to one "
+        "GPU: batch 512 -> 8 rows (the model is the paper's)",
+        config="configs/compressive_transformer_pg19.yaml",
+        cache_knob="eval_cache_kv",
+        correction=compressive_cache_correction,
+    ),
+    "recurrence": Bench(
+        "longctx.methods.recurrence.module.RecurrentGPT2LM",
+        paper=Scale(50_257, GPT2_SMALL, Step(16, 300, windows=20), Step(16, 300, windows=20)),
+        tiny=Scale(64, GPT2_TINY, Step(2, 16, windows=2), Step(2, 16, windows=2)),
+        shape="GPT-2 small with recurrence (Yoshida et al. 2020), random weights (no hub): T = 300, "
+        "K = 20 windows, backprop through them window by window with checkpointing; 16 rows (the "
+        "paper trains 1: one GPU is filled with rows)",
+        config="configs/recurrent_gpt2_wt103.yaml",
+        kernel_knob="attn_implementation",
+        flex=False,
+    ),
+}

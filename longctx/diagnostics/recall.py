@@ -1,0 +1,182 @@
+"""Recall accuracy against distance and against memory size, for `python -m longctx report`.
+
+- **By distance**: a run's scored answers (its `token_nll.npz` `correct`, written by `test
+  --write_token_nll true`, at the offsets of the marks sidecar of the file it scored; see
+  `long_range.marks_for_run`), binned by their distance to their binding, with the same bins for
+  every run: `recall_by_distance.csv` / `.md` (answers and accuracy per bin, all answers and first
+  queries) and `recall_vs_distance.png`, one line per run. A memory's reach is where its line
+  falls to chance (1/K on first queries).
+- **By memory size**: recall against the numbers per layer a model carries across segments
+  (`{stage}/state_size`, `LMBase.state_size`: zoology's "state size", one axis for every memory):
+  one point per run (test, else validation) and one line per model of every `python -m longctx
+  context` run beside the runs (`context.csv`: a point per memory length). `recall_vs_state_size.png`.
+
+Recall means first-query accuracy where the marks have query indices (`synth mqar`: the one
+elimination cannot fake, `longctx.core.recall`), all answers otherwise (copy, byte-level recall).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from longctx.diagnostics.long_range import marks_for_run
+from longctx.run_layout import TOKEN_NLL
+
+N_BINS = 8  # distance bins of the table and figure (fewer when there are fewer distinct distances)
+
+
+@dataclass
+class RunAnswers:
+    """The answers one run scored: correct (A,) bool, distance (A,) tokens, query (A,) index within
+    the episode or None (marks without queries), pairs: K when every episode has the same, else None."""
+
+    run: str
+    correct: np.ndarray
+    distance: np.ndarray
+    query: np.ndarray | None
+    pairs: int | None
+
+
+def run_answers(run: str, run_dir: Path, config: dict[str, Any], subcommand: str | None) -> RunAnswers | None:
+    """The run's scored answers, or None: no token_nll.npz, or one without `correct`, or no marks."""
+    path = run_dir / TOKEN_NLL
+    marks = marks_for_run(config, subcommand) if path.is_file() else None
+    if marks is None:
+        return None
+    with np.load(path) as per_token:
+        if "correct" not in per_token.files:
+            return None
+        offset, correct = per_token["offset"], per_token["correct"]
+    scored = np.isin(marks["offset"], offset)  # the TRAMS protocol leaves some targets out
+    where = np.searchsorted(offset, marks["offset"][scored])
+    query = marks["query"][scored] if "query" in marks else None
+    pairs = np.unique(marks["pairs"]) if "pairs" in marks else np.zeros(0)
+    return RunAnswers(
+        run, correct[where], marks["distance"][scored], query, int(pairs[0]) if len(pairs) == 1 else None
+    )
+
+
+def distance_edges(answers: Sequence[RunAnswers], n_bins: int = N_BINS) -> np.ndarray:
+    """Integer bin edges shared by every run: bin i holds distances edges[i] .. edges[i + 1] − 1."""
+    distances = np.concatenate([a.distance for a in answers])
+    low, high = int(distances.min()), int(distances.max()) + 1
+    return np.unique(np.linspace(low, high, min(n_bins, high - low) + 1).round().astype(np.int64))
+
+
+def _share(hits: np.ndarray) -> float | None:
+    return float(hits.mean()) if hits.size else None
+
+
+def by_distance(answers: Sequence[RunAnswers], edges: np.ndarray) -> list[dict[str, Any]]:
+    """One row per run and bin: the bin, its answers and accuracy, its first queries and theirs."""
+    rows = []
+    for a in answers:
+        bins = np.searchsorted(edges, a.distance, side="right") - 1
+        for i in range(len(edges) - 1):
+            here = bins == i
+            first = here & (a.query == 0) if a.query is not None else np.zeros_like(here)
+            rows.append({
+                "run": a.run, "distance_from": int(edges[i]), "distance_to": int(edges[i + 1] - 1),
+                "answers": int(here.sum()), "recall_acc": _share(a.correct[here]),
+                "first_answers": int(first.sum()), "recall_acc_first": _share(a.correct[first]),
+            })  # fmt: skip
+    return rows
+
+
+DISTANCE_COLUMNS = [
+    "run", "distance_from", "distance_to", "answers", "recall_acc", "first_answers", "recall_acc_first",
+]  # fmt: skip
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def distance_csv(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [",".join(DISTANCE_COLUMNS)]
+    lines += [",".join(_text(row[c]) for c in DISTANCE_COLUMNS) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def distance_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(DISTANCE_COLUMNS) + " |", "|" + "---|" * len(DISTANCE_COLUMNS)]
+    lines += ["| " + " | ".join(_text(row[c]) for c in DISTANCE_COLUMNS) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def distance_figure(rows: Sequence[dict[str, Any]], answers: Sequence[RunAnswers]) -> Figure:
+    """Accuracy against distance (bin middles), one line per run: all answers (solid) and first
+    queries (dashed, where there are queries), with the first query's chance 1/K (dotted)."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for n, a in enumerate(answers):
+        mine = [row for row in rows if row["run"] == a.run]
+        middle = [(row["distance_from"] + row["distance_to"]) / 2 for row in mine]
+        color = f"C{n % 10}"
+        ax.plot(middle, [_nan(row["recall_acc"]) for row in mine], marker="o", color=color, label=a.run)
+        if a.query is not None:
+            first = [_nan(row["recall_acc_first"]) for row in mine]
+            ax.plot(middle, first, marker="x", linestyle="--", color=color, label=f"{a.run} (first queries)")
+    for k in sorted({a.pairs for a in answers if a.query is not None and a.pairs}):
+        ax.axhline(1 / k, color="gray", linestyle=":", linewidth=1, label=f"chance of a first query (1/{k})")
+    ax.set_xlabel("distance from binding to answer (tokens)")
+    ax.set_ylabel("recall accuracy (argmax = answer)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def context_points(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """Every point with a state size and a recall accuracy of the `context` runs beside the runs
+    (`<parent>/*/context.csv`): model, axis, context_length, state_size, recall (first-query accuracy,
+    else all answers)."""
+    points = []
+    tables = sorted({table for run_dir in run_dirs for table in Path(run_dir).parent.glob("*/context.csv")})
+    for table in tables:
+        with table.open() as f:
+            for row in csv.DictReader(f):
+                recall = row.get("recall_acc_first") or row.get("recall_acc")
+                if row.get("state_size") and recall:
+                    points.append({
+                        "model": f"{table.parent.name}/{row['model']}", "axis": row["axis"],
+                        "context_length": int(row["context_length"]),
+                        "state_size": float(row["state_size"]), "recall": float(recall),
+                    })  # fmt: skip
+    return points
+
+
+def state_size_figure(run_points: Sequence[dict[str, Any]], context: Sequence[dict[str, Any]]) -> Figure:
+    """Recall against state size (numbers per layer): the runs as labelled points, each context
+    model as a line through its memory lengths."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for point in run_points:
+        ax.scatter(point["state_size"], point["recall"], color="C0")
+        ax.annotate(point["run"], (point["state_size"], point["recall"]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)  # fmt: skip
+    for n, model in enumerate(dict.fromkeys(p["model"] for p in context)):
+        line = sorted((p["state_size"], p["recall"]) for p in context if p["model"] == model)
+        axis = next(p["axis"] for p in context if p["model"] == model)
+        ax.plot(*zip(*line), marker="o", color=f"C{(n + 1) % 10}", label=f"{model} ({axis})")
+    ax.set_xlabel("state size (numbers per layer carried across segments)")
+    ax.set_ylabel("recall accuracy (first queries; all answers without queries)")
+    ax.set_ylim(-0.02, 1.02)
+    if context:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
