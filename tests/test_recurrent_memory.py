@@ -226,6 +226,7 @@ def test_fresh_training_samples_and_reset_evaluation_start_every_batch_or_window
             cut.step({key: value[:, k : k + 1] for key, value in batch.items()}, None).nll for k in range(3)
         ]
     assert torch.equal(nll, torch.cat(alone, 1))
+    assert cut.state_size() == 0 and fresh.state_size() == 3 * D  # m·d carried at evaluation, or none
 
 
 def test_the_initial_memory_is_drawn_at_the_scale_of_the_token_embedding():

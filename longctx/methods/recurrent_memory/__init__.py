@@ -31,7 +31,7 @@ Notation (the paper's symbols and where they live; files of this folder; § = 22
 | H̄_τ        | Transformer(H̃_τ): the GPT-2's       | 3    | network.py:MemoryCell.segment              |
 |             | causal blocks, last hidden states    |      |                                            |
 |             | after ln_f                           |      |                                            |
-| H_τ^out     | the segment's outputs → logits (read | code | network.py:segment_nll                     |
+| H_τ^out     | the segment's outputs → logits (read | code | network.py:segment_scores                  |
 |             | and write positions cut)             |      |                                            |
 | H_{τ+1}^mem | H_τ^write, the write tokens' last    | 3    | network.py:MemoryCell.segment              |
 |             | hidden states                        |      |                                            |

@@ -136,15 +136,22 @@ class RecurrentMemoryLM(LMBase):
             state = None  # every batch a sample of K segments from the initial memory
         if not self.training and self.eval_memory == "reset":
             state, reset = None, torch.ones_like(reset)
-        nll, state = self.memory_cell(
+        out = self.memory_cell(
             self.lm,
             batch["input"],
             batch["target"],
             reset,
             state,
             checkpoint_segments=self.checkpoint_segments and self.training and torch.is_grad_enabled(),
+            need_correct=self.wants_correct,
         )
-        return StepOutput(nll=nll, memory=MemoryTokens(state))
+        return StepOutput(nll=out.nll, memory=MemoryTokens(out.state), correct=out.correct)
+
+    def state_size(self) -> int:
+        """m·d: the m memory tokens of width d carried from segment to segment, read at the input as
+        the recurrent GPT-2's h_prev (d) is read at its layer; 0 with `eval_memory: reset`."""
+        carried = self.eval_memory == "carried"
+        return self.memory_cell.num_mem_tokens * self.lm.config.hidden_size if carried else 0
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token for segments of T = `segment_length` at the evaluation

@@ -39,7 +39,7 @@ sub-module, so a module holding both keeps the LM's parameter names `lm.*`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from longctx.core.data_facts import DataMismatch
 from longctx.core.knob_groups import network_config
+from longctx.core.recall import target_is_argmax
 from longctx.methods.recurrence.bptt import reverse_window_bptt
 from longctx.methods.recurrent_memory.memory import read_memory
 
@@ -110,7 +111,8 @@ class MemoryCell(nn.Module):
         reset: Tensor,
         state: Tensor | None = None,
         checkpoint_segments: bool = False,
-    ) -> tuple[Tensor, Tensor]:
+        need_correct: bool = False,
+    ) -> SegmentsOutput:
         """Backprop through the K segments of a batch.
 
         input_ids, target: (B, K, T); reset: (B, K) bool (the row starts a document at that segment:
@@ -118,24 +120,41 @@ class MemoryCell(nn.Module):
         or None (every row starts from the initial memory).
         With `checkpoint_segments`, the backward recomputes one segment at a time in reverse
         (`recurrence/bptt.py`): the activations of one segment, not K, are alive at once.
-        Returns nll (B, K, T) and the memory written by the last segment (B, m, d).
+        need_correct: also say whether each target is the LM's argmax (evaluation of recall).
+        Returns nll (B, K, T), the memory written by the last segment (B, m, d) and the correctness
+        (`SegmentsOutput`).
         """
 
-        def one_segment(k: int, state: Tensor | None) -> tuple[Tensor, Tensor]:
-            """Segment k from the memory entering it: NLL (B, T) and the memory it writes (B, m, d)."""
+        def one_segment(k: int, state: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+            """Segment k from the memory entering it: NLL (B, T), the memory it writes (B, m, d) and
+            the correctness (B, T) or None."""
             memory = read_memory(state, self.memory, reset[:, k])
             hidden, written = self.segment(lm, input_ids[:, k], memory)
-            return segment_nll(lm, hidden, target[:, k]), written
+            nll, correct = segment_scores(lm, hidden, target[:, k], need_correct)
+            return nll, written, correct
 
         n_segments = input_ids.shape[1]
         if checkpoint_segments and torch.is_grad_enabled():
             modules = {"lm": lm, "memory_cell": self}
-            return reverse_window_bptt(modules, one_segment, n_segments, state, input_ids.device)
-        nlls = []
+            nll, state = reverse_window_bptt(
+                modules, lambda k, state: one_segment(k, state)[:2], n_segments, state, input_ids.device
+            )
+            return SegmentsOutput(nll, state)
+        nlls, corrects = [], []
         for k in range(n_segments):
-            nll, state = one_segment(k, state)
+            nll, state, correct = one_segment(k, state)
             nlls.append(nll)
-        return torch.stack(nlls, 1), state
+            corrects.append(correct)
+        return SegmentsOutput(torch.stack(nlls, 1), state, torch.stack(corrects, 1) if need_correct else None)
+
+
+class SegmentsOutput(NamedTuple):
+    """What `MemoryCell` returns for K segments: nll (B, K, T); state (B, m, d), the memory the last
+    segment wrote; correct (B, K, T) bool (the target is the LM's argmax), None unless asked."""
+
+    nll: Tensor
+    state: Tensor
+    correct: Tensor | None = None
 
 
 def check_positions(lm: nn.Module, segment_length: int, num_mem_tokens: int) -> None:
@@ -151,8 +170,12 @@ def check_positions(lm: nn.Module, segment_length: int, num_mem_tokens: int) -> 
         )
 
 
-def segment_nll(lm: nn.Module, hidden: Tensor, target: Tensor) -> Tensor:
+def segment_scores(
+    lm: nn.Module, hidden: Tensor, target: Tensor, need_correct: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """Per-target NLL (B, T) of a segment from its last hidden states (B, T, d) through the LM head
-    (logits (B, T, V), only for the segment's positions)."""
+    (logits (B, T, V), only for the segment's positions) and, if `need_correct`, whether each target
+    is the argmax of those logits' log-probabilities (B, T) (else None)."""
     logits = lm.get_output_embeddings()(hidden)
-    return F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
+    nll = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
+    return nll, target_is_argmax(logits, target) if need_correct else None
