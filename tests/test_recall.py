@@ -205,8 +205,6 @@ def carried_numbers(model: LMBase, data_class: type[SyntheticData]) -> list[int]
         return [0]
     if hasattr(memory, "h_prev"):  # the recurrent GPT-2's one vector
         return [0 if memory.h_prev is None else memory.h_prev[0].numel()]
-    if hasattr(memory, "state"):  # the Recurrent Memory Transformer's m memory tokens
-        return [memory.state[0].numel()]
     if hasattr(memory, "compressed"):
         return [h[0].numel() + c[0].numel() for h, c in zip(memory.hidden, memory.compressed, strict=True)]
     states = memory.h_cache if hasattr(memory, "h_cache") else memory.hidden
@@ -223,7 +221,6 @@ def carried_numbers(model: LMBase, data_class: type[SyntheticData]) -> list[int]
         ("compressive", tiny_compressive_transformer, SyntheticData, 1 * 16),
         ("recurrence", tiny_recurrence, WindowData, 0),
         ("gpt2_window", lambda: tiny_recurrence(recurrence=False), WindowData, 0),
-        ("recurrent_memory", TINY["recurrent_memory"].build, WindowData, 0),
         ("window_transformer", TINY["window_transformer"].build, SyntheticData, 0),
     ],
 )

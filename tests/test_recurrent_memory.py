@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from longctx.checkpoints.safe_unpickle import load_tensors_file
 from longctx.cli import main
 from longctx.core.base import detach_memory
 from longctx.core.data_facts import DataMismatch
@@ -226,7 +229,16 @@ def test_fresh_training_samples_and_reset_evaluation_start_every_batch_or_window
             cut.step({key: value[:, k : k + 1] for key, value in batch.items()}, None).nll for k in range(3)
         ]
     assert torch.equal(nll, torch.cat(alone, 1))
-    assert cut.state_size() == 0 and fresh.state_size() == 3 * D  # m·d carried at evaluation, or none
+
+
+def test_the_state_size_is_the_memory_a_row_carries_to_its_next_segment():
+    """m·d (`LMBase.state_size`, numbers per layer carried across segments at evaluation): what a row's
+    memory holds after a batch; none when every segment reads the initial memory."""
+    model = rmt(num_mem_tokens=3).eval()
+    with torch.no_grad():
+        memory = model.step(windows(), None).memory
+    assert model.state_size() == memory.state[0].numel() == 3 * D
+    assert rmt(eval_memory="reset").state_size() == 0
 
 
 def test_the_initial_memory_is_drawn_at_the_scale_of_the_token_embedding():
@@ -329,6 +341,7 @@ def test_a_recurrent_gpt2_checkpoint_gives_its_gpt2_and_a_fresh_memory(tmp_path)
     )
 
 
+@pytest.mark.slow  # through the CLI (~14 s here)
 def test_recipe_config_trains_two_steps_through_the_cli(tmp_path, monkeypatch):
     """configs/recurrent_memory_tiny.yaml built by the CLI, on the bundled sample text (bytes; the
     config's own text lives in ../shared): 2 training steps of K = 2 windows, a validation, FLOPs
@@ -374,6 +387,43 @@ def test_each_curriculum_stage_starts_from_the_previous_stages_best_checkpoint(s
     assert stages[0] == 1 and stages == sorted(set(stages)) and stages[1] == 2
 
 
+@pytest.mark.slow  # two fits through the sweep runner, then the runner again (~60 s here)
+def test_a_curriculum_runs_stage_after_stage_and_a_restart_skips_the_finished_stages(tmp_path):
+    """A two-stage curriculum as the staged sweep runs it (`python -m longctx.sweep run`, every line
+    `--ckpt_path last`): stage 2 starts from stage 1's best weights, GPT-2 and initial memory (with a
+    learning rate of 0 its weights stay exactly those), and the same command again runs nothing."""
+    tiny = (
+        f"--config {REPO / 'configs' / 'recurrent_memory_tiny.yaml'} --data.corpus sample "
+        f"--data.split_sources null --data.tokenizer null --data.cache_dir {tmp_path / 'cache'} "
+        "--trainer.max_steps 2 --trainer.val_check_interval 2 --trainer.limit_val_batches 2 "
+        "--trainer.logger false --trainer.enable_progress_bar false --model.init_args.train_memory fresh "
+        "--ckpt_path last"
+    )
+    gpt2 = shlex.quote("{n_layer: 1, n_embd: 32, n_head: 2, n_positions: 80}")
+    sweep = tmp_path / "curriculum.txt"
+    sweep.write_text(
+        f"fit {tiny} --data.windows_per_batch 1 --model.init_args.gpt2_config {gpt2} --run_name stage_1\n"
+        f"fit {tiny} --data.windows_per_batch 2 --model.init_args.gpt2_config null "
+        "--model.init_args.pretrained runs/stage_1/checkpoints/best.ckpt "
+        "--model.init_args.optimizer.init_args.lr 0 --run_name stage_2\n"
+    )
+    env = {"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+
+    def sweep_run() -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "longctx.sweep", "run", str(sweep)]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    first = sweep_run()
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    best = load_tensors_file(tmp_path / "runs/stage_1/checkpoints/best.ckpt")["state_dict"]
+    following = load_tensors_file(tmp_path / "runs/stage_2/checkpoints/last.ckpt")
+    assert following["global_step"] == 2 and following["state_dict"].keys() == best.keys()
+    for name, tensor in best.items():
+        assert torch.equal(following["state_dict"][name], tensor), name
+    again = sweep_run()
+    assert again.returncode == 0 and again.stdout.count("finished earlier, skipped") == 2, again.stdout
+
+
 def load_config(path: Path) -> dict:
     """A config's dotted keys over its bases' (the files it names as `config:`)."""
     raw = yaml.safe_load(path.read_text())
@@ -381,6 +431,7 @@ def load_config(path: Path) -> dict:
     return {**base, **raw}
 
 
+@pytest.mark.slow  # four parses of the CLI (~11 s here)
 def test_through_the_cli_a_bad_memory_is_one_line(tmp_path, monkeypatch):
     """m < 0 when the config is made; T + 2m beyond the GPT-2's positions at the first segment (the
     data's window length is not known before); a stage checkpoint with another m, or not written yet,
