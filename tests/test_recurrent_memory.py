@@ -241,6 +241,16 @@ def test_the_state_size_is_the_memory_a_row_carries_to_its_next_segment():
     assert rmt(eval_memory="reset").state_size() == 0
 
 
+def test_the_evaluation_footprint_is_a_gpt2_window_of_the_segment_and_its_memory_tokens():
+    """What `context` checks before it allocates (`footprint`): the windowed GPT-2's tensors at T + 2m
+    positions, plus the (B, m, d) memory carried; at m = 0 exactly the windowed GPT-2's."""
+    from longctx.methods.recurrence.module import RecurrentGPT2LM
+
+    window = RecurrentGPT2LM(vocab_size=VOCAB, gpt2_config=GPT2, recurrence=False)
+    assert rmt(num_mem_tokens=0).evaluation_elements(4, 16) == window.evaluation_elements(4, 16)
+    assert rmt(num_mem_tokens=3).evaluation_elements(4, 16) == window.evaluation_elements(4, 22) + 4 * 3 * D
+
+
 def test_the_initial_memory_is_drawn_at_the_scale_of_the_token_embedding():
     embedding = torch.randn(1000, 64) * 0.3
     torch.manual_seed(0)

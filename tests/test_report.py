@@ -306,7 +306,8 @@ def test_report_skips_a_folder_that_is_not_a_run(tmp_path, capsys):
 
 
 def test_figures_plot_validation_bpb_of_runs_that_were_not_tested(tmp_path):
-    """The README's recipes fit and validate but never test: their test-bpb figures were empty."""
+    """Runs fitted and validated but never tested (the tiny recipes of docs/training.md) are plotted by their
+    validation bits per byte."""
     from longctx.report import read_runs, scatter, table
 
     _write_run(tmp_path, "tested", _finished(2.0, **{"test/flops_per_token": 1e6}))

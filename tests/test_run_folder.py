@@ -242,8 +242,8 @@ def test_overwrite_run_moves_the_old_run_aside_whole(in_tmp, capsys):
 
 @pytest.mark.slow  # a fit and three tests, in-process (~20 s)
 def test_a_second_test_replaces_the_first_tests_per_token_file(in_tmp):
-    """The README's check `nll.sum() / nll.size == test/loss` failed silently: a second `test` without
-    `--write_token_nll` left the first one's `token_nll.npz` beside its own `summary.json`. A test
+    """A second `test` without `--write_token_nll` removes the first one's `token_nll.npz`, so the check of
+    docs/evaluation.md (`nll.sum() / nll.size == test/loss`) never reads another command's file. A test
     refused before its first step leaves the fit's folder as it was."""
     main(_args("fit", "run"))
     (checkpoint,) = Path("runs/run/checkpoints").glob("*.ckpt")

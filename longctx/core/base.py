@@ -205,6 +205,13 @@ class LMBase(pl.LightningModule):
         m·d); logged as `{val,test}/state_size`. None: not declared."""
         return None
 
+    def evaluation_elements(self, batch_size: int, length: int) -> int:
+        """Elements (of the model's float dtype) of the tensors one evaluation step on `batch_size`
+        rows of `length` tokens holds beyond the logits and grows with the context: the memory, the
+        scores, a feed-forward activation (`longctx.diagnostics.footprint`, which `context` checks
+        before it allocates a length). Each method counts its own."""
+        raise NotImplementedError(f"{type(self).__name__} declares no evaluation footprint")
+
     def optimizer_param_groups(self) -> list[dict[str, Any]] | Any:
         """Parameters (or parameter groups) handed to the optimizer factory."""
         return self.parameters()

@@ -4,7 +4,8 @@
 fit (`--lengths 100000000`: an 819 GB memory buffer for a tiny Transformer-XL) would fail deep in an
 allocation, after every model was built and loaded, with a traceback. `evaluation_bytes` adds up the
 tensors of one evaluation step that grow with the context, from the model's current settings (an
-axis sets its length in place first) and the data module's evaluation batch:
+axis sets its length in place first) and the data module's evaluation batch; each method counts its
+own (`LMBase.evaluation_elements`, with the shared terms below):
 
 - Transformer-XL and the Compressive Transformer (M memory slots, n_m + n_cm for the latter; L the
   segment; B rows; H heads of Dh): each layer's carried states and cached keys and values, in
@@ -32,53 +33,40 @@ import torch
 
 from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
-from longctx.methods.adaptive_span.module import AdaptiveSpanLM
-from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
-from longctx.methods.recurrence.module import RecurrentGPT2LM
-from longctx.methods.transformer_xl.module import TransformerXLLM
-from longctx.methods.window_transformer.module import WindowTransformerLM
 
 
 def evaluation_bytes(model: LMBase, data: LMDataModule) -> int:
     """The bytes of the tensors one evaluation step of `model` on `data`'s evaluation batches holds
-    at its current settings (see the module docstring for what is counted)."""
+    at its current settings: the logits and their log-softmax, and what the method's own
+    `evaluation_elements` counts (see the module docstring)."""
     B, L = data.eval_batch_size, data.eval_tgt_len
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    elements = B * L * _vocabulary_head(model) * 2
-    if isinstance(model, TransformerXLLM | CompressiveTransformerLM):
-        net = model.net
-        M = model.eval_lengths.mem_len + getattr(model.eval_lengths, "cmem_len", 0)
-        H, Dh, d = net.n_heads, net.config.head_dim, net.d_model
-        elements += net.n_layers * B * 2 * (M + L) * (d + 2 * H * Dh)
-        elements += 3 * B * H * L * (M + L) + (M + L) * H * Dh
-        elements += B * L * max(net.config.d_inner, 4 * d)
-    elif isinstance(model, AdaptiveSpanLM):
-        c = model.net.config
-        S, chunk = model.eval_span_cap or c.attn_span, min(c.chunk_size, L)
-        elements += c.n_layers * B * (S + L) * 3 * c.d_model + 3 * B * c.n_heads * chunk * (S + chunk)
-        elements += B * L * max(c.d_inner, 4 * c.d_model)
-    else:
-        n_layers, d, H, d_inner = _window_sizes(model)
-        elements += 3 * B * H * L * L + n_layers * B * L * 2 * d + B * L * max(d_inner, 4 * d)
+    elements = B * L * vocabulary_head(model) * 2 + model.evaluation_elements(B, L)
     return elements * dtype.itemsize
 
 
-def _vocabulary_head(model: LMBase) -> int:
+def vocabulary_head(model: LMBase) -> int:
     """The logits one position gets: the vocabulary, or the adaptive softmax's head (its first cutoff
     and one column per tail cluster)."""
     cutoffs = getattr(getattr(getattr(model, "net", None), "config", None), "cutoffs", ())
     return cutoffs[0] + len(cutoffs) if cutoffs else model.vocab_size
 
 
-def _window_sizes(model: LMBase) -> tuple[int, int, int, int]:
-    """(layers, width, heads, feed-forward width) of a model that reads windows."""
-    if isinstance(model, RecurrentGPT2LM):
-        config = model.lm.config
-        return config.n_layer, config.n_embd, config.n_head, config.n_inner or 4 * config.n_embd
-    if isinstance(model, WindowTransformerLM):
-        config = model.net.config
-        return config.n_layers, config.d_model, config.n_heads, config.d_inner
-    raise TypeError(f"no memory estimate for {type(model).__name__}")
+def feed_forward_elements(B: int, L: int, d: int, d_inner: int | None) -> int:
+    """One feed-forward activation of B x L positions (the wider of d_inner and 4d)."""
+    return B * L * max(d_inner or 0, 4 * d)
+
+
+def segment_memory_elements(B: int, L: int, M: int, n_layers: int, d: int, H: int, Dh: int) -> int:
+    """Transformer-XL-style memories of M slots before a segment of L: each layer's carried states
+    and cached keys and values in buffers with room for twice [memory, segment], a layer's scores
+    (content, position, probabilities) and the relative positions."""
+    return n_layers * B * 2 * (M + L) * (d + 2 * H * Dh) + 3 * B * H * L * (M + L) + (M + L) * H * Dh
+
+
+def window_elements(B: int, L: int, n_layers: int, d: int, H: int) -> int:
+    """A window of L read alone: a layer's scores and every layer's keys and values."""
+    return 3 * B * H * L * L + n_layers * B * L * 2 * d
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.recall import target_is_argmax
+from longctx.diagnostics.footprint import feed_forward_elements
 from longctx.methods.adaptive_span import flops as span_flops
 from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
@@ -157,6 +158,14 @@ class AdaptiveSpanLM(LMBase):
         (`eval_span_cap`, else the maximum span S). Learned spans may use fewer; the cache holds S."""
         config = self.net.config
         return (self.eval_span_cap or config.attn_span) * config.d_model
+
+    def evaluation_elements(self, batch_size: int, length: int) -> int:
+        """Each layer's cache and the block's keys and values over the largest span S (or the cap),
+        and a query chunk's scores (`footprint`)."""
+        c, B = self.net.config, batch_size
+        S, chunk = self.eval_span_cap or c.attn_span, min(c.chunk_size, length)
+        cache = c.n_layers * B * (S + length) * 3 * c.d_model + 3 * B * c.n_heads * chunk * (S + chunk)
+        return cache + feed_forward_elements(B, length, c.d_model, c.d_inner)
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per token with each head over its own span (z + R, at most S; `flops.py`),

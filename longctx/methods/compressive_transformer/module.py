@@ -42,6 +42,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveMemory
@@ -154,6 +155,15 @@ class CompressiveTransformerLM(LMBase):
     def state_size(self) -> int:
         """(n_m + n_cm)·d numbers per layer at evaluation: the memory and the compressed memory."""
         return (self.eval_lengths.mem_len + self.eval_lengths.cmem_len) * self.net.d_model
+
+    def evaluation_elements(self, batch_size: int, length: int) -> int:
+        """The memory and the compressed memory (n_m + n_cm slots) as XL's memory (`footprint`)."""
+        net = self.net
+        M = self.eval_lengths.mem_len + self.eval_lengths.cmem_len
+        H, Dh, d = net.n_heads, net.config.head_dim, net.d_model
+        return segment_memory_elements(batch_size, length, M, net.n_layers, d, H, Dh) + feed_forward_elements(
+            batch_size, length, d, net.config.d_inner
+        )
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`)."""

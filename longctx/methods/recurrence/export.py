@@ -3,9 +3,9 @@
     python -m longctx.methods.recurrence.export CKPT OUT_DIR [--tokenizer DIR]
 
 The directory loads with `from_pretrained`, e.g. as `model.init_args.pretrained` of a recurrent model:
-the recipe to make a small "pretrained" GPT-2 offline and add recurrence to it (README, "Recurrence on
-your own small GPT-2"). The recurrence's own weights (layer weights, FFN) are not part of it. Loading
-and saving are `hf.py`'s (`lm_from_checkpoint`, `save_lm`); this is their command line.
+the recipe to make a small "pretrained" GPT-2 offline and add recurrence to it (docs/training.md, "The
+methods on a CPU, on real text"). The recurrence's own weights (layer weights, FFN) are not part of
+it. Loading and saving are `hf.py`'s (`lm_from_checkpoint`, `save_lm`); this is their command line.
 """
 
 from __future__ import annotations

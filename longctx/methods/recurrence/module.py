@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
 from longctx.methods.recurrence.hf import (
     HF_CONFIG_KEY,
@@ -157,6 +158,13 @@ class RecurrentGPT2LM(LMBase):
         windowed baseline and with `eval_h_prev: reset`."""
         carried = self.recurrence is not None and self.eval_h_prev == "carried"
         return self.lm.config.hidden_size if carried else 0
+
+    def evaluation_elements(self, batch_size: int, length: int) -> int:
+        """A GPT-2 window read alone (the carried h_prev is one vector; `footprint`)."""
+        c = self.lm.config
+        return window_elements(batch_size, length, c.n_layer, c.n_embd, c.n_head) + feed_forward_elements(
+            batch_size, length, c.n_embd, c.n_inner
+        )
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token for windows of T = `segment_length` at the evaluation

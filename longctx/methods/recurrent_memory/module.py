@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from longctx.checkpoints.safe_unpickle import load_tensors_file
 from longctx.core.base import LMBase, StepOutput
+from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.recurrence.hf import (
     HF_CONFIG_KEY,
     build_lm,
@@ -152,6 +153,17 @@ class RecurrentMemoryLM(LMBase):
         the recurrent GPT-2's h_prev (d) is read at its layer; 0 with `eval_memory: reset`."""
         carried = self.eval_memory == "carried"
         return self.memory_cell.num_mem_tokens * self.lm.config.hidden_size if carried else 0
+
+    def evaluation_elements(self, batch_size: int, length: int) -> int:
+        """A GPT-2 window of the segment and its 2m memory tokens (T + 2m positions through every
+        block) and the (B, m, d) memory carried to the next segment (`footprint`)."""
+        c, m = self.lm.config, self.memory_cell.num_mem_tokens
+        positions = length + 2 * m
+        return (
+            window_elements(batch_size, positions, c.n_layer, c.n_embd, c.n_head)
+            + feed_forward_elements(batch_size, positions, c.n_embd, c.n_inner)
+            + batch_size * m * c.n_embd
+        )
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token for segments of T = `segment_length` at the evaluation

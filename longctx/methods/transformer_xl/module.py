@@ -48,6 +48,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory, length_attributes
@@ -164,6 +165,14 @@ class TransformerXLLM(LMBase):
         RPE, memory 0: 0). The keys and values are projections of these states."""
         slots = self.trams.attended if self.trams is not None else self.eval_lengths.mem_len
         return slots * self.net.d_model
+
+    def evaluation_elements(self, batch_size: int, length: int) -> int:
+        """The evaluation memory (TRAMS: its pool) before segments of `length` (`footprint`)."""
+        net = self.net
+        M, H, Dh, d = self.eval_lengths.mem_len, net.n_heads, net.config.head_dim, net.d_model
+        return segment_memory_elements(batch_size, length, M, net.n_layers, d, H, Dh) + feed_forward_elements(
+            batch_size, length, d, net.config.d_inner
+        )
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with the full evaluation memory (TRAMS: the

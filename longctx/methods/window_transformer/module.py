@@ -17,6 +17,7 @@ from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.recall import target_is_argmax
+from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.window_transformer.flops import flops_per_token
 from longctx.methods.window_transformer.network import WindowTransformer
 
@@ -57,6 +58,13 @@ class WindowTransformerLM(LMBase):
     def state_size(self) -> int:
         """0: nothing is carried from one window to the next."""
         return 0
+
+    def evaluation_elements(self, batch_size: int, length: int) -> int:
+        """A window read alone (`footprint`)."""
+        c = self.net.config
+        return window_elements(batch_size, length, c.n_layers, c.d_model, c.n_heads) + feed_forward_elements(
+            batch_size, length, c.d_model, c.d_inner
+        )
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token on segments of `segment_length` tokens (2 × multiply-accumulates);
