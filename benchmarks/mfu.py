@@ -611,7 +611,7 @@ def goals(results: dict[str, dict], peak_tflops: float | None) -> list[str]:
 def dry(tiny: bool) -> list[dict]:
     """Every (method, mode) built at its shape without running it (meta device; adaptive span on the
     CPU, whose FLOPs count reads the spans' values): parameters and model FLOPs per token, and the
-    counting module's own `flops_per_token` (`report`'s number, before the corrections)."""
+    counting module's own `flops_per_token` (`report`'s number, before the correction)."""
     rows = []
     for method, bench in BENCHES.items():
         scale = bench.scale(tiny)
@@ -648,10 +648,10 @@ def print_dry(tiny: bool) -> None:
             f"{r['report_flops_per_token'] / 1e9:.3f}", f"{total * r['tokens_per_step'] / 1e12:.2f}",
         ]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
+    print("report's forward: the method's `flops_per_token` of a module that has scored no target yet (the")
     print(
-        "report's forward: the method's `flops_per_token` as `report` shows it (the adaptive softmax's full"
+        "adaptive softmax: every cluster for every token; a run counts its own targets); model: as computed."
     )
-    print("log-probability; the Compressive Transformer without its key/value cache); model: as computed.")
 
 
 def progress(line: str) -> None:

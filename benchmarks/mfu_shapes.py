@@ -7,17 +7,12 @@ entry (its module must implement `LMBase.flops_per_token`).
 
 Model FLOPs per token are the method's own count, `LMBase.flops_per_token` (its `flops.py`: the
 number `report` shows as `val/flops_per_token`), taken from the module built with the knobs under
-which that count describes the measured step (`Step.flops_knobs`): for training, Transformer-XL's
-evaluation memory set to its training memory and the key/value cache off (training projects the
-memory again every segment). Two corrections, both from the methods' own `flops.py` functions:
-
-- the adaptive softmax (Transformer-XL on WikiText-103): `flops.py` counts the full log-probability
-  over all 267,735 words, an upper bound; the NLL computes the head for every target and a tail
-  cluster only for the targets in it, so the output layer is counted for the step's own targets
-  (`adaptive_softmax_macs`);
-- the Compressive Transformer at evaluation: its `flops.py` counts the memories' keys and values
-  projected again every segment, which its key/value cache (on by default) does not do
-  (`compressive_cache_correction`).
+which that count describes the measured step (`Step.flops_knobs`): for training, the evaluation
+memory set to the training memory and the key/value cache off (training projects the memory again
+every segment). One correction, from the method's own `flops.py`: the adaptive softmax (Transformer-XL
+on WikiText-103) computes the head for every target and a tail cluster only for the targets in it; a
+module that has scored no target yet counts every cluster (all 267,735 words), so the output layer is
+counted for the step's own targets (`adaptive_softmax_macs`).
 
 FLOPs = 2 × multiply-accumulates (`longctx.flops`).
 """
@@ -25,7 +20,7 @@ FLOPs = 2 × multiply-accumulates (`longctx.flops`).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,7 +29,6 @@ from torch import Tensor
 
 from longctx.core.base import LMBase
 from longctx.methods.transformer_xl import flops as xl_flops
-from longctx.methods.transformer_xl.memory import MemoryLengths
 
 Mode = Literal["train", "eval"]
 MODES: tuple[Mode, ...] = ("train", "eval")
@@ -78,8 +72,7 @@ class Bench:
     """A method: `module` (import path of its `LMBase` class), `paper` and `tiny` scales, `shape`
     (the paper's shape in words and what differs on one GPU), `config` (the config of that model),
     `kernel_knob` (the knob choosing eager or sdpa attention; None: fused only), `flex` (accepts
-    "flex" at evaluation), `cache_knob` (the evaluation key/value cache's knob; None: none),
-    `correction(lm, mode, step)`: FLOPs per token to add to the module's count (see above)."""
+    "flex" at evaluation), `cache_knob` (the evaluation key/value cache's knob; None: none)."""
 
     module: str
     paper: Scale
@@ -89,7 +82,6 @@ class Bench:
     kernel_knob: str | None = "attention"
     flex: bool = True
     cache_knob: str | None = None
-    correction: Callable[[LMBase, Mode, Step], float] | None = None
 
     def scale(self, tiny: bool) -> Scale:
         return self.tiny if tiny else self.paper
@@ -112,53 +104,28 @@ class Bench:
 
 def adaptive_softmax_macs(lm: LMBase, targets: Tensor) -> float:
     """Mean multiply-accumulates per target of the XL family's output layer as its NLL computes it
-    (`ProjectedAdaptiveLogSoftmax.forward`): every target the head (shortlist + one logit per
-    cluster), a target in tail cluster i also that cluster's logits, each after its projection
-    (when d_embed ≠ d_model or div_val > 1)."""
-    c, vocab = lm.net.config, lm.vocab_size
-    cutoffs = c.cutoffs
-    d_embed = c.d_embed or c.d_model
-    ends = [0, *cutoffs, vocab]
+    for `targets` (`ProjectedAdaptiveLogSoftmax.forward`): every target the head, a target in tail
+    cluster i also that cluster (`transformer_xl.flops.output_macs`)."""
+    c = lm.net.config
+    ends = [0, *c.cutoffs, lm.vocab_size]
     targets = targets.flatten().to("cpu")
-
-    def cluster_macs(i: int, logits: int) -> float:
-        d_i = d_embed // c.div_val**i
-        projection = c.d_model * d_i if (c.div_val > 1 or d_embed != c.d_model) else 0
-        return projection + d_i * logits
-
-    total = cluster_macs(0, cutoffs[0] + len(cutoffs))
-    for i in range(1, len(ends) - 1):
-        share = ((targets >= ends[i]) & (targets < ends[i + 1])).float().mean().item()
-        total += share * cluster_macs(i, ends[i + 1] - ends[i])
-    return total
+    tails = [
+        ((targets >= lo) & (targets < hi)).float().mean().item() for lo, hi in itertools.pairwise(ends[1:])
+    ]
+    return xl_flops.output_macs(c.d_model, lm.vocab_size, c.cutoffs, c.d_embed, c.div_val, [1.0, *tails])
 
 
 def output_layer_correction(lm: LMBase, targets: Tensor) -> float:
     """FLOPs per token to add to an XL-family count for the output layer as computed for `targets`
-    (0 for a full softmax, which `flops.py` counts exactly, and for the other methods)."""
+    instead of the targets the module scored so far (none: every cluster); 0 for a full softmax and
+    for the other methods."""
     c = getattr(getattr(lm, "net", None), "config", None)
     if not getattr(c, "cutoffs", None):
         return 0.0
-    upper_bound = xl_flops.output_macs(c.d_model, lm.vocab_size, c.cutoffs, c.d_embed, c.div_val)
-    return 2 * (adaptive_softmax_macs(lm, targets) - upper_bound)
-
-
-def compressive_cache_correction(lm: LMBase, mode: Mode, step: Step) -> float:
-    """At evaluation with the key/value cache: the Compressive Transformer's `flops.py` counts the keys
-    and values of all n_m + n_cm memory slots projected again every segment; with the cache only the
-    n/c slots compressed in that segment are projected (the memory's new slots are the previous
-    segment's states, projected then). Each term is Transformer-XL's count without − with the cache
-    over that many slots."""
-    if mode != "eval" or not lm.eval_cache_kv:
-        return 0.0
-    c, lengths = lm.net.config, lm.eval_lengths
-
-    def reprojected(slots: float) -> float:
-        memory = MemoryLengths(mem_len=slots)  # the output layer's count cancels in the difference
-        uncached = xl_flops.flops_per_token(c, lm.vocab_size, memory, step.length, cache_kv=False)
-        return uncached - xl_flops.flops_per_token(c, lm.vocab_size, memory, step.length, cache_kv=True)
-
-    return reprojected(step.length / c.compression_rate) - reprojected(lengths.mem_len + lengths.cmem_len)
+    counted = xl_flops.output_macs(
+        c.d_model, lm.vocab_size, c.cutoffs, c.d_embed, c.div_val, lm.net.crit.rows_per_token()
+    )
+    return 2 * (adaptive_softmax_macs(lm, targets) - counted)
 
 
 def counting_module(bench: Bench, scale: Scale, mode: Mode, lm: LMBase) -> LMBase:
@@ -170,13 +137,10 @@ def counting_module(bench: Bench, scale: Scale, mode: Mode, lm: LMBase) -> LMBas
 
 def forward_flops(bench: Bench, scale: Scale, mode: Mode, lm: LMBase, targets: Tensor) -> float:
     """Model FLOPs per token of one forward pass of `mode`'s step (training counts it 3 times):
-    the counting module's `flops_per_token` with the corrections above (`targets`: the step's)."""
+    the counting module's `flops_per_token` with the correction above (`targets`: the step's)."""
     step = scale.step(mode)
     counted = counting_module(bench, scale, mode, lm)
-    flops = counted.flops_per_token(step.length) + output_layer_correction(counted, targets)
-    if bench.correction is not None:
-        flops += bench.correction(counted, mode, step)
-    return flops
+    return counted.flops_per_token(step.length) + output_layer_correction(counted, targets)
 
 
 # ------------------------------------------------------------------ the methods
@@ -209,7 +173,7 @@ CT_TINY = dict(n_layers=2, d_model=32, n_heads=2, d_inner=64, compression_rate=2
 GPT2_SMALL = dict(gpt2_config={"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024})
 GPT2_TINY = dict(gpt2_config={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64}, insert_layer=1)
 XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
-XL_TRAIN_COUNT = {"eval_cache_kv": False}  # with the evaluation memory = the training memory
+UNCACHED = {"eval_cache_kv": False}  # training's count: the memory projected again every segment
 
 BENCHES: dict[str, Bench] = {
     "transformer_xl": Bench(
@@ -217,13 +181,13 @@ BENCHES: dict[str, Bench] = {
         paper=Scale(
             267_735,
             XL_WT103,
-            train=Step(60, 150, flops_knobs={"eval_mem_len": 150, **XL_TRAIN_COUNT}),
+            train=Step(60, 150, flops_knobs={"eval_mem_len": 150, **UNCACHED}),
             eval=Step(60, 64, knobs=XL_EVAL, fill=4, flops_knobs=CACHED),
         ),
         tiny=Scale(
             300,
             XL_TINY,
-            train=Step(2, 16, flops_knobs={"eval_mem_len": 16, **XL_TRAIN_COUNT}),
+            train=Step(2, 16, flops_knobs={"eval_mem_len": 16, **UNCACHED}),
             eval=Step(2, 8, knobs={**XL_EVAL, "eval_mem_len": 16}, fill=2, flops_knobs=CACHED),
         ),
         shape="WikiText-103 base (Dai et al. 2019): 16 layers, d 410, 10 heads of 41, inner 2100, "
@@ -256,14 +220,20 @@ BENCHES: dict[str, Bench] = {
     ),
     "compressive_transformer": Bench(
         "longctx.methods.compressive_transformer.module.CompressiveTransformerLM",
-        paper=Scale(50_257, CT_PG19, Step(8, 512, fill=3), Step(8, 512, fill=3, flops_knobs=CACHED)),
-        tiny=Scale(64, CT_TINY, Step(2, 16, fill=2), Step(2, 16, fill=2, flops_knobs=CACHED)),
+        paper=Scale(
+            50_257,
+            CT_PG19,
+            Step(8, 512, fill=3, flops_knobs=UNCACHED),
+            Step(8, 512, fill=3, flops_knobs=CACHED),
+        ),
+        tiny=Scale(
+            64, CT_TINY, Step(2, 16, fill=2, flops_knobs=UNCACHED), Step(2, 16, fill=2, flops_knobs=CACHED)
+        ),
         shape="PG-19 (Rae et al. 2020, §5.1): 36 layers, d 1024, 8 heads of 128, inner 4096, "
         "n_s = n_m = n_cm = 512, c 2, conv f_c, full softmax over GPT-2's 50,257 ids; scaled to one "
         "GPU: batch 512 -> 8 rows (the model is the paper's)",
         config="configs/compressive_transformer_pg19.yaml",
         cache_knob="eval_cache_kv",
-        correction=compressive_cache_correction,
     ),
     "recurrence": Bench(
         "longctx.methods.recurrence.module.RecurrentGPT2LM",

@@ -246,6 +246,12 @@ class OneLineParser(LightningArgumentParser):
             content = _YAML_LOAD(cfg_str) if cfg_str.strip() else None
         except yaml.YAMLError:  # jsonargparse's loader names the file and the line
             content = UNREAD
+        if misplaced := _keys_above_config(content):
+            name = _shown(where) if where else "the --config value"
+            raise TypeError(
+                f"move `config:` to the top of {name}: keys above it ({', '.join(misplaced)}) are overridden "
+                "by the file it names"
+            )
         if where and (class_path := _model_class_path(content)):
             _CONFIG_MODELS.append((where, class_path, _including[0]))
         _including[0] += 1
@@ -279,6 +285,16 @@ class OneLineParser(LightningArgumentParser):
 _CONFIG_MODELS: list[tuple[str, str, int]] = []
 _CONFIG_MODELS_FROM: list[str] = []
 _including = [0]  # how deep in included config files the parser reads now
+
+
+def _keys_above_config(content: Any) -> list[str]:
+    """The keys a config file's mapping writes before its `config:` key ([] when there are none).
+    jsonargparse applies a file's keys in order and `config:` loads the file it names over what came
+    before, so a setting above it is silently replaced by the base's value."""
+    if not isinstance(content, dict) or "config" not in content:
+        return []
+    keys = [str(key) for key in content]
+    return keys[: keys.index("config")]
 
 
 def _model_class_path(content: Any) -> str | None:

@@ -7,6 +7,8 @@
 - W&B is off unless a test turns it on (no account, no network, no `wandb/` folders).
 - Token caches go to a temporary folder of each test (`$LONGCTX_CACHE`), never to the user's cache;
   the W&B folders a CLI run points into its run directory are unset again after each test.
+- torch runs one intra-op thread (`OMP_NUM_THREADS=1` unless set; subprocesses inherit it): the
+  tests' tiny models run about twice as fast on one thread as contending for two (CI has two cores).
 - Two tiers (pyproject's `addopts` deselects `slow` and `gpu`): `python -m pytest -q` is the fast tier,
   `python -m pytest -q -m slow` the rest (compile, DDP, SLURM, resume), `-m ''` all. The GPU tier,
   `python -m pytest -q -m gpu`, skips each test with one reason when CUDA is not available.
@@ -24,6 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # read when torch is imported, after this file
 
 
 def shared_dir() -> Path:

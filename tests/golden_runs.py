@@ -20,6 +20,7 @@ from tests.methods import (
     tiny_adaptive_span,
     tiny_compressive_transformer,
     tiny_recurrence,
+    tiny_recurrent_memory,
     tiny_transformer_xl,
     tiny_window_transformer,
 )
@@ -98,6 +99,7 @@ EVALUATED: dict[str, tuple[Callable[..., LMBase], type[SyntheticData]]] = {
     "window_transformer": (tiny_window_transformer, SyntheticData),
     "recurrent_gpt2": (partial(tiny_recurrence, ffn_width=32), WindowData),  # the paper's 200: 400 kB
     "gpt2_window": (partial(tiny_recurrence, recurrence=False), WindowData),
+    "recurrent_memory": (tiny_recurrent_memory, WindowData),
 }
 GOLDEN_TOKENS = 512  # the evaluation text: this many bytes of the bundled sample, modulo VOCAB
 # The stored weights: the model's initialisation at WEIGHT_SEED, trained for WEIGHT_STEPS Adam steps

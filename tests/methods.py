@@ -14,6 +14,7 @@ from longctx.core.base import LMBase
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
 from longctx.methods.recurrence.module import RecurrentGPT2LM
+from longctx.methods.recurrent_memory.module import RecurrentMemoryLM
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.window_transformer.module import WindowTransformerLM
 from tests.lm_fixtures import SyntheticData, WindowData
@@ -58,11 +59,17 @@ def tiny_recurrence(**knobs) -> RecurrentGPT2LM:
     return RecurrentGPT2LM(**{"vocab_size": VOCAB, "gpt2_config": GPT2_SIZES, "insert_layer": 1, **knobs})
 
 
+def tiny_recurrent_memory(**knobs) -> RecurrentMemoryLM:
+    """m = 2: GPT2_SIZES' 32 positions hold WindowData's 16-token windows and the 4 memory tokens."""
+    return RecurrentMemoryLM(**{"vocab_size": VOCAB, "gpt2_config": GPT2_SIZES, "num_mem_tokens": 2, **knobs})
+
+
 # Keyed like `longctx.methods.registry.METHODS` (the method folders).
 TINY: dict[str, TinyMethod] = {
     "adaptive_span": TinyMethod(tiny_adaptive_span, SyntheticData),
     "compressive_transformer": TinyMethod(tiny_compressive_transformer, SyntheticData),
     "recurrence": TinyMethod(tiny_recurrence, WindowData, "attn_implementation"),
+    "recurrent_memory": TinyMethod(tiny_recurrent_memory, WindowData, "attn_implementation"),
     "transformer_xl": TinyMethod(tiny_transformer_xl, SyntheticData),
     "window_transformer": TinyMethod(tiny_window_transformer, SyntheticData, None),  # SDPA only
 }

@@ -71,7 +71,7 @@ def test_gradient_reaches_z_and_matches_finite_differences():
         return torch.func.functional_call(attn, params, (h, h_cache, key_pe))[0]
 
     z_ratio = attn.adaptive_mask.z_ratio.detach().clone().requires_grad_()
-    assert torch.autograd.gradcheck(output, (z_ratio,))
+    assert torch.autograd.gradcheck(output, (z_ratio,), fast_mode=True)  # vᵀJu for random u, v
     output(z_ratio).square().sum().backward()
     assert z_ratio.grad.abs().min() > 0
 

@@ -135,6 +135,13 @@ TINY_RUNS = {
         ],
         "window",
     ),
+    "recurrent_memory.py": (
+        [
+            *("--n_layer", "3", "--n_embd", "32", "--n_head", "2", "--vocab", "64", "--window", "16"),
+            *("--windows", "2", "--mem_tokens", "2", "--steps", "1"),
+        ],
+        "rmt m=2",
+    ),
     "compile.py": (
         ["--methods", "transformer_xl", "--batch", "2", "--block", "32", "--warmup", "2", "--steps", "2"],
         "transformer_xl",

@@ -36,7 +36,7 @@ BYTE_METHODS = (
     "fixed_span",
     "window_transformer",
 )
-GPT2_FINETUNED = ("gpt2_window", "recurrent_gpt2")
+GPT2_FINETUNED = ("gpt2_window", "recurrent_gpt2", "recurrent_memory")
 EVAL_ONLY = {"trams": "transformer_xl", "oracle": "transformer_xl"}  # evaluated on that checkpoint
 
 
@@ -142,6 +142,8 @@ def test_tiny_runs_read_the_same_text_with_the_same_budget_and_size():
     assert ct["mem_len"] + ct["cmem_len"] == configs["transformer_xl"]["model"]["init_args"]["mem_len"]
     assert net["compression"] == "conv" and net["n_layers"] * (d * d * c + d) < 0.2 * sizes["transformer_xl"]
     assert sizes["gpt2_window"] < recurrent <= 1.2 * sizes["gpt2_window"]
+    rmt = configs["recurrent_memory"]["model"]["init_args"]["memory_cell"]["num_mem_tokens"]
+    assert sizes["recurrent_memory"] - sizes["gpt2_window"] == rmt * 128  # its initial memory, m x d
 
 
 @pytest.mark.slow

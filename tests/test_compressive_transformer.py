@@ -6,6 +6,7 @@ Lightning module's evaluation sizes, logs and separate gradient clipping."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import Logger
+from torch.utils.flop_counter import FlopCounterMode
 
 from longctx.methods.compressive_transformer.compression import Decoder, build_compression
 from longctx.methods.compressive_transformer.flops import macs_per_token
@@ -324,14 +326,39 @@ def test_flops_counted_by_hand():
         return CompressiveTransformer.Config(**sizes, compression=compression, compression_rate=rate)
 
     lengths = CompressiveLengths(mem_len=4, cmem_len=2)
-    assert macs_per_token(config("conv", 2), 10, lengths, 4) == 2 * 1168 + 80
+    conv = macs_per_token(config("conv", 2), 10, lengths, 4)
+    assert conv == 2 * 1168 + 80
     assert macs_per_token(config("max_pool", 3), 10, lengths, 4) == 2 * 1104 + 80
     assert macs_per_token(config("dilated_conv", 4), 10, lengths, 4) == 2 * (1104 + 2 * 64 * 2) + 80
-    module = CompressiveTransformerLM(
-        vocab_size=10, n_layers=2, d_model=8, n_heads=2, d_inner=16, mem_len=9, cmem_len=9, eval_mem_len=4,
-        eval_cmem_len=2, compression_rate=2,
-    )  # fmt: skip
-    assert module.flops_per_token(4) == 2 * (2 * 1168 + 80)
+    # With the key/value cache the memories are not projected again (− 192); the n/c = 2 states
+    # compressed per segment are, once: 2·8·8·2/4 = 64.
+    cached = macs_per_token(config("conv", 2), 10, lengths, 4, cache_kv=True)
+    assert cached == 2 * (1168 - 192 + 64) + 80
+    sizes = dict(vocab_size=10, n_layers=2, d_model=8, n_heads=2, d_inner=16, mem_len=9, cmem_len=9)
+    knobs = dict(eval_mem_len=4, eval_cmem_len=2, compression_rate=2)
+    assert CompressiveTransformerLM(**sizes, **knobs).flops_per_token(4) == 2 * cached  # the cache: on
+    assert CompressiveTransformerLM(**sizes, **knobs, eval_cache_kv=False).flops_per_token(4) == 2 * conv
+
+
+@pytest.mark.parametrize("cache_kv", [False, True], ids=["projected again", "key/value cache"])
+def test_flops_are_what_an_evaluation_step_computes(cache_kv):
+    """torch's FLOP counter over a steady-state evaluation step (both memories full, conv f_c; one
+    batch row: the position projection is computed once per segment for all rows) equals the
+    module's count per token: without the cache the memories' keys and values are projected again,
+    with it only the n/c newly compressed states. The reconstruction loss, logged at evaluation, is
+    left out of both (flops.py)."""
+    lm = tiny(attention="eager", eval_cache_kv=cache_kv).eval()  # n_m 8, n_cm 4, c 2
+    n = 8
+    memory = lm.init_memory(1)
+    x = torch.randint(0, lm.vocab_size, (1, 4 * n)).split(n, dim=1)
+    lengths = dict(**dataclasses.asdict(lm.eval_lengths), cache_kv=cache_kv)
+    with torch.no_grad():
+        for segment in x[:-1]:  # fill n_m = 8 and n_cm = 4 (8 evicted, compressed 2:1)
+            memory = lm.net(segment, memory, **lengths).memory
+        with FlopCounterMode(display=False) as counter:
+            lm.net.nll(lm.net(x[-1], memory, **lengths).hidden, x[-1])
+    assert memory.valid.all() and memory.compressed_valid.all()
+    assert counter.get_total_flops() / n == lm.flops_per_token(n)
 
 
 # ---------------------------------------------------------------------------------- Lightning module

@@ -94,9 +94,10 @@ def test_every_method_folder_is_registered_with_its_module_and_tiny_recipe():
 
 
 # What a method may import from another method, name by name: Transformer-XL's pure-PyTorch parts, on
-# which the Compressive Transformer is built (docs/architecture.md, "Which XL parts other methods may
-# import"). Never a whole module, nor another method's LightningModule, conversion, TRAMS, evaluation
-# cache (slot store), callbacks or figures: those belong to their method alone, and may change with it.
+# which the Compressive Transformer is built, and the recurrent GPT-2's GPT-2 plumbing, on which the
+# Recurrent Memory Transformer runs (docs/architecture.md, "Which parts other methods may import").
+# Never a whole module, nor another method's LightningModule, conversion, TRAMS, evaluation cache
+# (slot store), callbacks or figures: those belong to their method alone, and may change with it.
 SHARED_METHOD_PARTS = {
     "longctx/methods/transformer_xl/network.py": {"TransformerXL", "XLBlock", "PositionwiseFF"},
     "longctx/methods/transformer_xl/relative_attention.py": {
@@ -122,6 +123,15 @@ SHARED_METHOD_PARTS = {
         "SegmentMemory",
     },
     "longctx/methods/transformer_xl/flops.py": {"macs_per_token"},
+    # The recurrent GPT-2's Hugging Face surface and its segment-by-segment backward, on which the
+    # Recurrent Memory Transformer runs its GPT-2.
+    "longctx/methods/recurrence/hf.py": {
+        "HF_CONFIG_KEY",
+        "build_lm",
+        "drop_output_capturing_hooks",
+        "restore_after_unpickling",
+    },
+    "longctx/methods/recurrence/bptt.py": {"reverse_window_bptt"},
 }
 
 

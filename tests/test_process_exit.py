@@ -50,29 +50,42 @@ run_and_exit_cleanly(command)
 """
 
 
-def end(join: bool, how: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", ENDING, "join" if join else "alone", how],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )  # fmt: skip
-
-
 ENDINGS = [("return", 0, ""), ("message", 1, "error: the reason, in one line\n"), ("status", 3, "")]
+CONTROLS = [("return", 0), ("message", 1)]
+
+
+@pytest.fixture(scope="module")
+def ended() -> dict[tuple[bool, str], subprocess.CompletedProcess]:
+    """Each process of the tests below by (joins a group, how it ends), all started at once (each
+    spends seconds importing torch)."""
+    runs = [(True, how) for how, _, _ in ENDINGS] + [(False, how) for how, _ in CONTROLS]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    started = {
+        (join, how): subprocess.Popen(
+            [sys.executable, "-c", ENDING, "join" if join else "alone", how], **pipes
+        )
+        for join, how in runs
+    }
+    ended = {}
+    for key, process in started.items():
+        stdout, stderr = process.communicate(timeout=120)
+        ended[key] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return ended
 
 
 @pytest.mark.parametrize("how,status,stderr", ENDINGS)
 def test_a_process_in_a_group_ends_with_its_status_after_handlers_and_threads_without_finalizing(
-    how, status, stderr
+    ended, how, status, stderr
 ):
-    out = end(join=True, how=how)
+    out = ended[True, how]
     assert (out.returncode, out.stderr) == (status, stderr)
     assert out.stdout.splitlines() == ["thread done", "exit handler ran"]  # no "finalized"
 
 
-@pytest.mark.parametrize("how,status", [("return", 0), ("message", 1)])
-def test_a_process_outside_any_group_ends_as_python_ends_it(how, status):
+@pytest.mark.parametrize("how,status", CONTROLS)
+def test_a_process_outside_any_group_ends_as_python_ends_it(ended, how, status):
     """The control: the same process without a group finalizes (so the test above can fail)."""
-    out = end(join=False, how=how)
+    out = ended[False, how]
     assert out.returncode == status
     assert out.stdout.splitlines() == ["thread done", "exit handler ran", "finalized"]
 

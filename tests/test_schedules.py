@@ -63,12 +63,12 @@ def _fit_lrs(tmp_path, schedule, **trainer_kwargs) -> list[float]:
 
 
 def test_cosine_without_max_steps_decays_over_the_trainers_max_steps(tmp_path):
-    lrs = _fit_lrs(tmp_path, partial(WarmupCosine, warmup_steps=4), max_steps=40)
-    expected = [s / 4 if s < 4 else 0.5 * (1 + math.cos(math.pi * (s - 4) / 36)) for s in range(40)]
+    lrs = _fit_lrs(tmp_path, partial(WarmupCosine, warmup_steps=4), max_steps=16)
+    expected = [s / 4 if s < 4 else 0.5 * (1 + math.cos(math.pi * (s - 4) / 12)) for s in range(16)]
     assert lrs == pytest.approx(expected)
     # A length given to the schedule wins over the trainer's.
-    lrs = _fit_lrs(tmp_path, partial(WarmupCosine, warmup_steps=4, max_steps=20), max_steps=30)
-    assert lrs[12] == pytest.approx(0.5) and lrs[20:] == pytest.approx([0.0] * 10)
+    lrs = _fit_lrs(tmp_path, partial(WarmupCosine, warmup_steps=4, max_steps=12), max_steps=16)
+    assert lrs[8] == pytest.approx(0.5) and lrs[12:] == pytest.approx([0.0] * 4)
 
 
 def test_cosine_without_any_length_is_a_clear_error(tmp_path):

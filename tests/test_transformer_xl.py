@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from torch.utils.flop_counter import FlopCounterMode
 
 from longctx.core.base import detach_memory
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
@@ -360,6 +361,31 @@ def test_xl_macs_per_token_by_hand():
     adaptive = TransformerXL.Config(n_layers=2, d_model=16, n_heads=2, d_head=8, d_inner=32, cutoffs=(20, 40))
     no_memory = MemoryLengths(mem_len=0)
     assert xl_macs(adaptive, 64, no_memory, 16) - xl_macs(config, 64, no_memory, 16) == 16 * 2
+
+
+@pytest.mark.parametrize("div_val", [1, 2])
+def test_flops_count_the_adaptive_input_and_softmax_for_the_tokens_computed(div_val):
+    """torch's FLOP counter over an evaluation step (memory full, one batch row: the position
+    projection is computed once per segment for all rows) equals the module's count per token: the
+    adaptive softmax's head for every target, a tail cluster only for the targets in it, and (div_val
+    > 1) each input token projected from its cluster's width, read from the tokens computed since
+    `eval()`. Before any token, and after `eval()` again: every cluster for every token."""
+    lm = tiny(cutoffs=[20, 40], div_val=div_val, attention="eager").eval()  # 64 words: 20, 20, 24; d 16
+    tokens = torch.tensor([[0, 5, 19, 20, 39, 40, 63, 7, 1, 2, 3, 4, 8, 9, 10, 11]])  # 2 in each tail
+    full = lm.flops_per_token(16)
+    memory = lm.init_memory(1)
+    with torch.no_grad():
+        memory = lm.step({"input": tokens, "target": tokens}, memory).memory  # fills the memory of 16
+        with FlopCounterMode(display=False) as counter:
+            lm.step({"input": tokens, "target": tokens}, memory)
+    assert counter.get_total_flops() / 16 == lm.flops_per_token(16)
+    d_1, d_2 = 16 // div_val, 16 // div_val**2  # the tails' widths
+    # Not computed for 14 of 16 targets: each tail's logits (and its projection from d 16, div_val 2);
+    # not computed for 4 of 16 inputs the head's projection, for 14 of 16 each tail's (div_val 2).
+    softmax = (1 - 2 / 16) * (d_1 * 20 + d_2 * 24 + (16 * (d_1 + d_2) if div_val > 1 else 0))
+    embedding = 16 * ((1 - 12 / 16) * 16 + (1 - 2 / 16) * (d_1 + d_2)) if div_val > 1 else 0
+    assert full - lm.flops_per_token(16) == pytest.approx(2 * (softmax + embedding), rel=1e-12)
+    assert lm.eval().flops_per_token(16) == full
 
 
 def test_evaluation_logs_the_forward_flops_per_scored_token(tmp_path):

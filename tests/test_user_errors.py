@@ -173,6 +173,25 @@ def test_yaml_syntax_error_in_a_nested_config_names_that_file(parser, tmp_path):
     )
 
 
+def test_settings_above_config_are_refused_in_every_file_read(parser, tmp_path):
+    """jsonargparse applies a file's keys in order: `lr` above `config:` would silently become the
+    base's lr. Refused in the command line's file and in a file it includes."""
+    write(tmp_path / "base.yaml", CONFIG + "model.init_args.optimizer: {init_args: {lr: 0.001}}\n")
+    bad = write(
+        tmp_path / "bad.yaml", "model.init_args.optimizer: {init_args: {lr: 0.05}}\nconfig: base.yaml\n"
+    )
+    line = (  # the file named relative to the working directory (tmp_path)
+        "move `config:` to the top of bad.yaml: keys above it (model.init_args.optimizer) are overridden by "
+        "the file it names"
+    )
+    assert parse_error(parser, ["fit", "--config", str(bad)]) == line
+    outer = write(tmp_path / "outer.yaml", "config: bad.yaml\n")
+    assert parse_error(parser, ["fit", "--config", str(outer)]) == line
+    write(tmp_path / "good.yaml", "config: base.yaml\nmodel.init_args.optimizer: {init_args: {lr: 0.05}}\n")
+    parsed = parser.parse_args(["fit", "--config", str(tmp_path / "good.yaml")])
+    assert parsed.fit.model.init_args.optimizer.init_args.lr == 0.05
+
+
 def test_missing_config_file(parser, tmp_path):
     missing = tmp_path / "nope.yaml"
     assert parse_error(parser, ["fit", "--config", str(missing)]) == f"config: no such file '{missing}'"

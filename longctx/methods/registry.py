@@ -41,6 +41,9 @@ METHODS: dict[str, Method] = {
     "recurrence": Method(
         "longctx.methods.recurrence.module.RecurrentGPT2LM", "configs/recurrent_gpt2_tiny.yaml"
     ),
+    "recurrent_memory": Method(
+        "longctx.methods.recurrent_memory.module.RecurrentMemoryLM", "configs/recurrent_memory_tiny.yaml"
+    ),
     "transformer_xl": Method(
         "longctx.methods.transformer_xl.module.TransformerXLLM", "configs/transformer_xl_tiny.yaml"
     ),

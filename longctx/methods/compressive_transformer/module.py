@@ -152,8 +152,18 @@ class CompressiveTransformerLM(LMBase):
         )
 
     def flops_per_token(self, segment_length: int) -> float:
-        """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`)."""
-        return ct_flops.flops_per_token(self.net.config, self.vocab_size, self.eval_lengths, segment_length)
+        """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`),
+        with the key/value cache when it is on, the adaptive input and softmax counted for the
+        tokens this evaluation computed (before any: every cluster for every token)."""
+        return ct_flops.flops_per_token(
+            self.net.config,
+            self.vocab_size,
+            self.eval_lengths,
+            segment_length,
+            cache_kv=self.eval_cache_kv,
+            softmax_rows=self.net.crit.rows_per_token(),
+            embedding_rows=self.net.word_emb.rows_per_token(),
+        )
 
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: CompressiveMemory) -> StepOutput:

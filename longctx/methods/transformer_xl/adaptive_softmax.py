@@ -15,6 +15,7 @@ Embeddings are scaled by √d_proj.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +45,32 @@ def _check_cutoffs(n_token: int, cutoffs: Sequence[int]) -> list[int]:
     return [*cutoffs, n_token]
 
 
-class AdaptiveEmbedding(nn.Module):
-    """Token ids (...,) -> embeddings (..., d_proj) scaled by √d_proj."""
+class ClusterRows(nn.Module):
+    """Counts, since the last `train()`/`eval()` (Lightning calls `eval()` as each validation or test
+    loop starts, so an evaluation counts its own tokens), the rows each cluster (the head first)
+    computed and the tokens: what `longctx.methods.transformer_xl.flops` counts per token."""
+
+    _counted_clusters: int  # tail clusters whose rows are counted (0: no count)
+
+    def _count_from_zero(self) -> None:
+        self._cluster_rows = [0] * (self._counted_clusters + 1)
+        self._tokens = 0
+
+    def train(self, mode: bool = True) -> Self:
+        self._count_from_zero()
+        return super().train(mode)
+
+    def rows_per_token(self) -> list[float] | None:
+        """Per cluster (the head first), the rows it computed per token counted; None without a
+        cluster or before any token (the FLOPs count then takes every cluster for every token)."""
+        if self._counted_clusters == 0 or self._tokens == 0:
+            return None
+        return [rows / self._tokens for rows in self._cluster_rows]
+
+
+class AdaptiveEmbedding(ClusterRows):
+    """Token ids (...,) -> embeddings (..., d_proj) scaled by √d_proj. With div_val > 1 each token is
+    projected from its cluster's width (`rows_per_token`: the share of tokens in each cluster)."""
 
     def __init__(
         self, n_token: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1
@@ -66,6 +91,9 @@ class AdaptiveEmbedding(nn.Module):
                 d_emb_i = d_embed // div_val**i
                 self.emb_layers.append(nn.Embedding(self.cutoff_ends[i + 1] - self.cutoff_ends[i], d_emb_i))
                 self.emb_projs.append(nn.Parameter(torch.empty(d_proj, d_emb_i)))
+        # div_val 1: one table and one projection for all tokens, nothing to count
+        self._counted_clusters = len(self.cutoffs) - 1 if div_val > 1 else 0
+        self._count_from_zero()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.div_val == 1:
@@ -74,6 +102,7 @@ class AdaptiveEmbedding(nn.Module):
                 embed = F.linear(embed, self.emb_projs[0])
         else:
             flat = x.reshape(-1)
+            self._tokens += flat.shape[0]
             param = self.emb_projs[0]
             embed = torch.zeros(flat.shape[0], self.d_proj, dtype=param.dtype, device=param.device)
             for i in range(len(self.cutoffs)):
@@ -81,16 +110,19 @@ class AdaptiveEmbedding(nn.Module):
                 idx = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
                 if idx.numel() == 0:
                     continue
+                self._cluster_rows[i] += idx.numel()
                 emb_i = F.linear(self.emb_layers[i](flat[idx] - lo), self.emb_projs[i])
                 embed.index_copy_(0, idx, emb_i.to(embed.dtype))
             embed = embed.view(*x.shape, self.d_proj)
         return embed * self.emb_scale
 
 
-class ProjectedAdaptiveLogSoftmax(nn.Module):
+class ProjectedAdaptiveLogSoftmax(ClusterRows):
     """Hidden states (N, d_proj) -> log-probabilities or per-token NLL over n_token words.
 
-    With no cutoffs it is a plain (optionally projected) softmax layer with bias.
+    With no cutoffs it is a plain (optionally projected) softmax layer with bias. `rows_per_token`
+    counts what the NLL computes per target: the head for every target, tail cluster i for the
+    targets in it (`log_prob`, for a diagnostic such as recall accuracy's argmax, is not counted).
     """
 
     def __init__(
@@ -117,6 +149,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 d_emb_i = d_embed // div_val**i
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, d_emb_i)))
                 self.out_layers.append(nn.Linear(d_emb_i, self.cutoff_ends[i + 1] - self.cutoff_ends[i]))
+        self._counted_clusters = self.n_clusters
+        self._count_from_zero()
 
     def tie_to(self, embedding: AdaptiveEmbedding, tie_weight: bool, tie_projs: Sequence[bool]) -> None:
         """Share the output word vectors (tie_weight) and, per cluster, the projections (tie_projs)
@@ -182,11 +216,15 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             return F.cross_entropy(_atleast_float32(logits), target, reduction="none")
         head = self._head_logprob(hidden)
         nll = torch.zeros(target.shape[0], dtype=head.dtype, device=head.device)
+        self._tokens += target.shape[0]
+        self._cluster_rows[0] += target.shape[0]
         for i in range(self.n_clusters + 1):
             lo, hi = self.cutoff_ends[i], self.cutoff_ends[i + 1]
             idx = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
             if idx.numel() == 0:
                 continue
+            if i > 0:
+                self._cluster_rows[i] += idx.numel()
             t = (target[idx] - lo)[:, None]
             if i == 0:
                 logp = head[idx].gather(1, t).squeeze(1)

@@ -20,10 +20,16 @@ metric H·Dh. `positions="true"` projects and computes the position term for all
 gathering the window's; the "oracle" metric computes XL's full scores over the pool on top. The
 QR factor R of the query weights (once per evaluation with the cache) and top-k are left out.
 
-The output layer counts the full log-probability (`log_prob`): d_embed·(V + clusters) plus the
-projections (with an adaptive softmax, the per-token NLL computes a tail cluster only for the targets
-in it, so this is an upper bound there). The count per *scored* token divides by the targets scored
-per segment (n − 1 under the TRAMS protocol). FLOPs = 2 × MACs (`longctx.flops`).
+The output layer counts what the NLL computes (`ProjectedAdaptiveLogSoftmax.forward`): a full
+softmax d_embed·V; an adaptive softmax the head (d_embed·(cutoffs[0] + clusters)) for every target
+and tail cluster i (d_i·|cluster i|) only for the targets in it, plus each cluster's projection. The
+adaptive input's lookup is free, its projection to d_model (with div_val > 1: from the token's
+cluster width d_i) is counted. Both counts need the share of tokens in each cluster (`softmax_rows`,
+`embedding_rows`, which the module reads from the tokens its evaluation computed); without them,
+every cluster for every token (the full log-probability `log_prob`: an upper bound). The argmax over
+the full log-probability that recall accuracy asks for (a diagnostic) is not counted. The count per
+*scored* token divides by the targets scored per segment (n − 1 under the TRAMS protocol).
+FLOPs = 2 × MACs (`longctx.flops`).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ def macs_per_token(
     cache_kv: bool = False,
     trams: TramsSettings | None = None,
     scored_per_segment: int | None = None,
+    softmax_rows: Sequence[float] | None = None,
+    embedding_rows: Sequence[float] | None = None,
 ) -> float:
     """Multiply-accumulates per scored token (forward pass); see the module docstring.
 
@@ -58,6 +66,8 @@ def macs_per_token(
         cache_kv: the memory's keys and values are carried, not projected again each segment.
         trams: TRAMS's m, m − k, metric and positions, or None (Transformer-XL).
         scored_per_segment: targets scored per segment row (default n; n − 1 under the TRAMS protocol).
+        softmax_rows, embedding_rows: the adaptive softmax's and input's rows computed per token,
+            per cluster (`output_macs`, `input_macs`; None: every cluster for every token).
     """
     d_model, n_heads, d_head = config.d_model, config.n_heads, config.head_dim
     n, P, HD = segment_length, lengths.mem_len, n_heads * d_head
@@ -91,24 +101,65 @@ def macs_per_token(
         + HD * d_model
         + 2 * d_model * config.d_inner
     )
-    output = output_macs(d_model, vocab_size, config.cutoffs, config.d_embed, config.div_val)
-    return (config.n_layers * per_layer + output) * n / scored
+    cutoffs, d_embed, div_val = config.cutoffs, config.d_embed, config.div_val
+    output = output_macs(d_model, vocab_size, cutoffs, d_embed, div_val, softmax_rows)
+    embedding = input_macs(d_model, cutoffs, d_embed, div_val, embedding_rows)
+    return (config.n_layers * per_layer + embedding + output) * n / scored
+
+
+def _cluster_widths(d_model: int, n_clusters: int, d_embed: int | None, div_val: int) -> list[int]:
+    """d_i, the width of each cluster's vectors (the head first)."""
+    return [(d_embed or d_model) // div_val**i for i in range(n_clusters + 1)]
+
+
+def _rows(rows: Sequence[float] | None, n_clusters: int) -> list[float]:
+    """Rows computed per token per cluster; None: 1 for every cluster."""
+    rows = [1.0] * (n_clusters + 1) if rows is None else list(rows)
+    if len(rows) != n_clusters + 1:
+        raise ValueError(f"rows per cluster: {n_clusters + 1} values (the head, each tail), got {len(rows)}")
+    return rows
+
+
+def input_macs(
+    d_model: int,
+    cutoffs: Sequence[int] = (),
+    d_embed: int | None = None,
+    div_val: int = 1,
+    cluster_rows: Sequence[float] | None = None,
+) -> float:
+    """The (adaptive) input embedding's multiply-accumulates per token (`AdaptiveEmbedding`): the
+    lookup is free; the projection to d_model costs d_embed·d_model for every token with div_val 1
+    (when d_embed ≠ d_model), and d_i·d_model for a token of cluster i with div_val > 1, times
+    `cluster_rows[i]`, the share of tokens in cluster i (`AdaptiveEmbedding.rows_per_token`; None:
+    1 for every cluster, an upper bound)."""
+    if div_val == 1:
+        return d_model * d_embed if d_embed and d_embed != d_model else 0.0
+    widths = _cluster_widths(d_model, len(cutoffs), d_embed, div_val)
+    return sum(rows * d_model * d_i for rows, d_i in zip(_rows(cluster_rows, len(cutoffs)), widths))
 
 
 def output_macs(
-    d_model: int, vocab_size: int, cutoffs: Sequence[int] = (), d_embed: int | None = None, div_val: int = 1
+    d_model: int,
+    vocab_size: int,
+    cutoffs: Sequence[int] = (),
+    d_embed: int | None = None,
+    div_val: int = 1,
+    cluster_rows: Sequence[float] | None = None,
 ) -> float:
-    """The (adaptive) softmax's full log-probability for one token (`ProjectedAdaptiveLogSoftmax`)."""
-    d_embed = d_embed or d_model
+    """The (adaptive) softmax's multiply-accumulates per token (`ProjectedAdaptiveLogSoftmax`): per
+    cluster i (the head first), its projection d_model·d_i (with div_val > 1 or d_embed ≠ d_model)
+    and its logits d_i·(words + one per tail cluster in the head), times `cluster_rows[i]`, the rows
+    it computes per token: for the NLL 1 for the head and the share of targets in cluster i for a
+    tail (`ProjectedAdaptiveLogSoftmax.rows_per_token`). None: 1 for every cluster, the full
+    log-probability."""
     ends = [0, *cutoffs, vocab_size]
     n_clusters = len(cutoffs)
-    if div_val == 1:
-        projection = d_model * d_embed * (n_clusters + 1) if d_embed != d_model else 0  # one per cluster
-        return projection + d_embed * (vocab_size + n_clusters)
+    projected = div_val > 1 or (d_embed or d_model) != d_model
+    widths = _cluster_widths(d_model, n_clusters, d_embed, div_val)
     total = 0.0
-    for i in range(len(ends) - 1):
-        d_i = d_embed // div_val**i
-        total += d_model * d_i + d_i * (ends[i + 1] - ends[i] + (n_clusters if i == 0 else 0))
+    for i, (rows, d_i) in enumerate(zip(_rows(cluster_rows, n_clusters), widths)):
+        logits = ends[i + 1] - ends[i] + (n_clusters if i == 0 else 0)
+        total += rows * ((d_model * d_i if projected else 0) + d_i * logits)
     return total
 
 

@@ -172,7 +172,8 @@ class TransformerXLLM(LMBase):
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token at evaluation with the full evaluation memory (TRAMS: the
-        pool M, the attended window and the scoring; `flops.py`)."""
+        pool M, the attended window and the scoring; `flops.py`), the adaptive input and softmax counted
+        for the tokens this evaluation computed (before any: every cluster for every token)."""
         return xl_flops.flops_per_token(
             self.net.config,
             self.vocab_size,
@@ -181,6 +182,8 @@ class TransformerXLLM(LMBase):
             cache_kv=self.eval_cache_kv,
             trams=self.trams,
             scored_per_segment=segment_length - 1 if self.protocol == "trams" else segment_length,
+            softmax_rows=self.net.crit.rows_per_token(),
+            embedding_rows=self.net.word_emb.rows_per_token(),
         )
 
     # ------------------------------------------------------------------ step

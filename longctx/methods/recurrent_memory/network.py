@@ -1,0 +1,181 @@
+"""The Recurrent Memory Transformer, decoder-only (Bulatov, Kuratov, Burtsev, "Recurrent Memory
+Transformer", NeurIPS 2022, arXiv 2207.06881, §3; on a pretrained decoder: Bulatov, Kuratov, Kapushev,
+Burtsev, arXiv 2304.11062).
+
+A long text is read as segments of T tokens. Segment τ goes through an unchanged causal transformer
+with m memory tokens before it (read) and the same m after it (write):
+
+    H̃_τ = [H_τ^mem ; H_τ ; H_τ^mem]                  (B, m + T + m, d)
+    H̄_τ = Transformer(H̃_τ)
+    [H_τ^read ; H_τ^out ; H_τ^write] = H̄_τ
+    H_{τ+1}^mem = H_τ^write
+
+The read tokens give the segment what the previous segments wrote; the write tokens, last in the
+causal order, see the whole segment and become the next segment's memory. The model is trained by
+backpropagation through time over the segments.
+
+Where the paper leaves details open, this follows the authors' code (booydar/recurrent-memory-
+transformer, `modeling_rmt/language_modeling.py`, `MemoryCell` and `RecurrentWrapper`):
+- the read and the write tokens take the same input, the memory state (`process_input`:
+  `cat([memory_state, inputs_embeds, memory_state])`);
+- positions: the backbone numbers the whole sequence 0 … T + 2m − 1 (the code passes
+  `inputs_embeds` and no position ids), so a GPT-2 with learned positions needs T + 2m ≤ n_positions;
+- attention: the backbone's causal mask over the whole sequence (read tokens see the read tokens
+  before them, segment tokens the read tokens and the segment up to themselves, write tokens all);
+- the new memory is the write tokens' `hidden_states[-1]`, for a GPT-2 the output of its final
+  LayerNorm (ln_f);
+- the initial memory is one learned (m, d) parameter drawn as N(0, 1) · std(token embedding)
+  (`create_memory`), used for every row's first segment;
+- the logits are those of the T segment positions (`process_output` cuts the read and write ones),
+  each predicting the next token of the stream;
+- gradients: `manage_gradients` detaches the memory beyond the last k2 segments of a sample (k2 = −1,
+  no detaching, in the released LM and BABILong scripts); here the unroll is the K windows of a
+  batch (`MemoryCell.forward`), and the memory carried across batches is detached by the module.
+
+Pure PyTorch + transformers: the backbone is a Hugging Face causal LM handed to every call (not a
+sub-module, so a module holding both keeps the LM's parameter names `lm.*`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longctx.core.data_facts import DataMismatch
+from longctx.core.knob_groups import network_config
+from longctx.core.recall import target_is_argmax
+from longctx.methods.recurrence.bptt import reverse_window_bptt
+from longctx.methods.recurrent_memory.memory import read_memory
+
+
+@dataclass(frozen=True)
+class MemoryCellConfig:
+    """The memory's knobs, their one source (`MemoryCell.Config`). The backbone is described apart,
+    so `build` takes its token embedding.
+
+    num_mem_tokens: m, the memory tokens read before and written after every segment (0: the
+        backbone over independent segments).
+    """
+
+    num_mem_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if self.num_mem_tokens < 0:
+            raise ValueError(f"num_mem_tokens (m) must be 0 or more, got {self.num_mem_tokens}")
+
+    def build(self, embedding: Tensor) -> MemoryCell:
+        """The memory cell of a backbone whose token embedding is `embedding` (V, d)."""
+        return MemoryCell(embedding, self)
+
+
+class MemoryCell(nn.Module):
+    """The learned initial memory and the recurrence over segments.
+
+    `MemoryCell(embedding, config)` with a `MemoryCell.Config`, or `MemoryCell(embedding,
+    num_mem_tokens=...)` with its fields; embedding: the backbone's token embedding (V, d), which
+    gives the memory its width d and the scale of its initialisation.
+    """
+
+    Config = MemoryCellConfig
+
+    def __init__(self, embedding: Tensor, *knobs: Any, **named_knobs: Any) -> None:
+        super().__init__()
+        self.config = config = network_config(MemoryCellConfig, knobs, named_knobs)
+        self.num_mem_tokens = m = config.num_mem_tokens
+        scale = embedding.detach().std()
+        # The initial memory H_0^mem (m, d) (`create_memory`).
+        self.memory = nn.Parameter(
+            torch.randn(m, embedding.shape[1], device=embedding.device, dtype=embedding.dtype) * scale
+        )
+
+    def segment(self, lm: nn.Module, input_ids: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """One segment through the backbone: input_ids (B, T) and H_τ^mem (B, m, d) -> the segment's
+        last hidden states H_τ^out (B, T, d) and H_{τ+1}^mem = H_τ^write (B, m, d)."""
+        m, length = self.num_mem_tokens, input_ids.shape[1]
+        check_positions(lm, length, m)
+        tokens = lm.get_input_embeddings()(input_ids)  # (B, T, d)
+        memory = memory.to(tokens.dtype)
+        sequence = torch.cat([memory, tokens, memory], dim=1)  # [read; segment; write] (B, T + 2m, d)
+        hidden = lm.base_model(inputs_embeds=sequence, use_cache=False).last_hidden_state  # after ln_f
+        return hidden[:, m : m + length], hidden[:, m + length :]
+
+    def forward(
+        self,
+        lm: nn.Module,
+        input_ids: Tensor,
+        target: Tensor,
+        reset: Tensor,
+        state: Tensor | None = None,
+        checkpoint_segments: bool = False,
+        need_correct: bool = False,
+    ) -> SegmentsOutput:
+        """Backprop through the K segments of a batch.
+
+        input_ids, target: (B, K, T); reset: (B, K) bool (the row starts a document at that segment:
+        it reads the initial memory); state: (B, m, d) written by the previous batch's last segment,
+        or None (every row starts from the initial memory).
+        With `checkpoint_segments`, the backward recomputes one segment at a time in reverse
+        (`recurrence/bptt.py`): the activations of one segment, not K, are alive at once.
+        need_correct: also say whether each target is the LM's argmax (evaluation of recall).
+        Returns nll (B, K, T), the memory written by the last segment (B, m, d) and the correctness
+        (`SegmentsOutput`).
+        """
+
+        def one_segment(k: int, state: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+            """Segment k from the memory entering it: NLL (B, T), the memory it writes (B, m, d) and
+            the correctness (B, T) or None."""
+            memory = read_memory(state, self.memory, reset[:, k])
+            hidden, written = self.segment(lm, input_ids[:, k], memory)
+            nll, correct = segment_scores(lm, hidden, target[:, k], need_correct)
+            return nll, written, correct
+
+        n_segments = input_ids.shape[1]
+        if checkpoint_segments and torch.is_grad_enabled():
+            modules = {"lm": lm, "memory_cell": self}
+            nll, state = reverse_window_bptt(
+                modules, lambda k, state: one_segment(k, state)[:2], n_segments, state, input_ids.device
+            )
+            return SegmentsOutput(nll, state)
+        nlls, corrects = [], []
+        for k in range(n_segments):
+            nll, state, correct = one_segment(k, state)
+            nlls.append(nll)
+            corrects.append(correct)
+        return SegmentsOutput(torch.stack(nlls, 1), state, torch.stack(corrects, 1) if need_correct else None)
+
+
+class SegmentsOutput(NamedTuple):
+    """What `MemoryCell` returns for K segments: nll (B, K, T); state (B, m, d), the memory the last
+    segment wrote; correct (B, K, T) bool (the target is the LM's argmax), None unless asked."""
+
+    nll: Tensor
+    state: Tensor
+    correct: Tensor | None = None
+
+
+def check_positions(lm: nn.Module, segment_length: int, num_mem_tokens: int) -> None:
+    """Refuse a segment whose [read; segment; write] sequence has more positions than the backbone."""
+    available = getattr(lm.config, "max_position_embeddings", None)
+    needed = segment_length + 2 * num_mem_tokens
+    if available is not None and needed > available:
+        raise DataMismatch(
+            f"segments of {segment_length} tokens with {num_mem_tokens} memory tokens read and "
+            f"{num_mem_tokens} written need T + 2m = {needed} positions, the GPT-2 has {available}: lower "
+            "data.tgt_len and data.eval_tgt_len or model.init_args.memory_cell.num_mem_tokens (a GPT-2 "
+            "from scratch: raise model.init_args.gpt2_config.n_positions)"
+        )
+
+
+def segment_scores(
+    lm: nn.Module, hidden: Tensor, target: Tensor, need_correct: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Per-target NLL (B, T) of a segment from its last hidden states (B, T, d) through the LM head
+    (logits (B, T, V), only for the segment's positions) and, if `need_correct`, whether each target
+    is the argmax of those logits' log-probabilities (B, T) (else None)."""
+    logits = lm.get_output_embeddings()(hidden)
+    nll = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
+    return nll, target_is_argmax(logits, target) if need_correct else None
