@@ -106,23 +106,24 @@ def adaptive_softmax_macs(lm: LMBase, targets: Tensor) -> float:
     """Mean multiply-accumulates per target of the XL family's output layer as its NLL computes it
     for `targets` (`ProjectedAdaptiveLogSoftmax.forward`): every target the head, a target in tail
     cluster i also that cluster (`transformer_xl.flops.output_macs`)."""
-    c, ends = lm.net.config, [0, *lm.cutoffs, lm.vocab_size]
+    c = lm.net.config
+    ends = [0, *c.cutoffs, lm.vocab_size]
     targets = targets.flatten().to("cpu")
     tails = [
         ((targets >= lo) & (targets < hi)).float().mean().item() for lo, hi in itertools.pairwise(ends[1:])
     ]
-    return xl_flops.output_macs(c.d_model, lm.vocab_size, lm.cutoffs, c.d_embed, c.div_val, [1.0, *tails])
+    return xl_flops.output_macs(c.d_model, lm.vocab_size, c.cutoffs, c.d_embed, c.div_val, [1.0, *tails])
 
 
 def output_layer_correction(lm: LMBase, targets: Tensor) -> float:
     """FLOPs per token to add to an XL-family count for the output layer as computed for `targets`
     instead of the targets the module scored so far (none: every cluster); 0 for a full softmax and
     for the other methods."""
-    if not getattr(lm, "cutoffs", None):
+    c = getattr(getattr(lm, "net", None), "config", None)
+    if not getattr(c, "cutoffs", None):
         return 0.0
-    c = lm.net.config
     counted = xl_flops.output_macs(
-        c.d_model, lm.vocab_size, lm.cutoffs, c.d_embed, c.div_val, lm.net.crit.rows_per_token()
+        c.d_model, lm.vocab_size, c.cutoffs, c.d_embed, c.div_val, lm.net.crit.rows_per_token()
     )
     return 2 * (adaptive_softmax_macs(lm, targets) - counted)
 

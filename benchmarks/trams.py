@@ -43,55 +43,51 @@ import argparse
 import math
 import statistics
 import time
-import types
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from longctx.methods.transformer_xl.memory import XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
-    AttentionOutput,
     RelMultiHeadAttention,
     rel_shift,
+    sinusoid_positions,
 )
 from longctx.methods.transformer_xl.trams import TramsSettings
 
 
-def released_forward(
-    self: RelMultiHeadAttention,
+class Segment(NamedTuple):
+    """One segment's last hidden states (B, n, d), the memory kept, the mean memory mass (or None)."""
+
+    hidden: Tensor
+    memory: object
+    mem_mass: float | None
+
+
+def released_attention(
+    attn: RelMultiHeadAttention,
     x: Tensor,
     mem: Tensor,
-    mem_valid: Tensor,
     pos_emb: Tensor,
-    r_w_bias: Tensor,
-    r_r_bias: Tensor,
-    same_length: int | None = None,
-    trams: TramsSettings | None = None,
-    need_mass: bool = False,
-    need_weights: bool = False,
-    mem_kv: Tensor | None = None,
-    mem_score: Tensor | None = None,
-    need_score: bool = False,
-    extend: object = None,
-    selection: object = None,
-) -> AttentionOutput:
-    """The released TRAMS attention (post-LN, all memory slots real), restated batch-first.
-
-    It takes `RelMultiHeadAttention.forward`'s arguments; the released code has no key/value or score
-    cache, so the cache's arguments must be unset (the benchmark runs it with `cache_kv=False`).
-    """
-    if any(arg is not None for arg in (mem_kv, mem_score, extend, selection)) or need_score:
-        raise ValueError("the released TRAMS attention has no key/value or score cache: run it uncached")
-    B, n, d = x.shape
-    H, Dh = self.n_heads, self.d_head
+    u: Tensor,
+    v: Tensor,
+    trams: TramsSettings,
+) -> Tensor:
+    """The released TRAMS attention layer (post-LN, all memory slots real), restated batch-first:
+    x (B, n, d) over its memory mem (B, M, d) -> (B, n, d)."""
+    B, n, _ = x.shape
+    H, Dh = attn.n_heads, attn.d_head
     cat = torch.cat([mem, x], 1)
     klen = cat.shape[1]
-    q, k, v = self.qkv_net(cat).split(H * Dh, dim=-1)
+    q, k, vv = attn.qkv_net(cat).split(H * Dh, dim=-1)
     q = q[:, -n:].view(B, n, H, Dh)
-    k, v = k.view(B, klen, H, Dh), v.view(B, klen, H, Dh)
-    w_q = self.qkv_net.weight[: H * Dh].view(H, Dh, d)
-    qkk = torch.einsum("bjnd,ndk->bjnk", k, w_q)  # (B, klen, H, d): K′ for every key
+    k, vv = k.view(B, klen, H, Dh), vv.view(B, klen, H, Dh)
+    qkk = torch.einsum("bjnd,ndk->bjnk", k, attn.query_weight())  # (B, klen, H, d): K′ for every key
     stdlen = n + trams.kept
     mem_qkk = qkk[:, :-stdlen]
     score = mem_qkk.norm(dim=-1) * mem_qkk.sum(-1).abs()
@@ -101,44 +97,67 @@ def released_forward(
         sel = t[:, :-stdlen].gather(1, idx[..., None].expand(-1, -1, -1, t.shape[-1]))
         return torch.cat([sel, t[:, -stdlen:]], 1)
 
-    qkk_w, k_w, v_w = pick(qkk), pick(k), pick(v)
+    qkk_w, k_w, v_w = pick(qkk), pick(k), pick(vv)
     W = trams.attended + n
-    r = self.r_net(pos_emb[-W:]).view(W, H, Dh)
-    ac = torch.einsum("bik,bjnk->bnij", x, qkk_w) + torch.einsum("nd,bjnd->bnj", r_w_bias, k_w)[:, :, None]
-    bd = rel_shift(torch.einsum("bind,jnd->bnij", q + r_r_bias, r))
+    r = attn.r_net(pos_emb[-W:]).view(W, H, Dh)
+    ac = torch.einsum("bik,bjnk->bnij", x, qkk_w) + torch.einsum("nd,bjnd->bnj", u, k_w)[:, :, None]
+    bd = rel_shift(torch.einsum("bind,jnd->bnij", q + v, r))
     mask = torch.triu(torch.ones(n, W, dtype=torch.bool, device=x.device), 1 + W - n)
-    probs = torch.softmax(((ac + bd) * self.scale).masked_fill(mask, float("-inf")), dim=-1)
+    probs = torch.softmax(((ac + bd) * attn.scale).masked_fill(mask, float("-inf")), dim=-1)
     vec = torch.einsum("bnij,bjnd->bind", probs, v_w).reshape(B, n, H * Dh)
-    mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
-    return AttentionOutput(out=self.layer_norm(x + self.o_net(vec)), mem_mass=mass)
+    return attn.layer_norm(x + attn.o_net(vec))
+
+
+def released_forward(model: TransformerXL, x: Tensor, memory: list[Tensor], trams: TramsSettings) -> Segment:
+    """The released TRAMS network over one segment on `model`'s weights: each layer's released
+    attention over its memory (the whole pool M), then its feed-forward; each layer's memory becomes
+    the last M of [memory, input], as the code's `_update_mems`. No key/value or score cache."""
+    h = model.drop(model.word_emb(x))  # (B, n, d)
+    M = memory[0].shape[1]
+    pos_emb = model.drop(sinusoid_positions(M + x.shape[1], model.d_model, 0, h.device, h.dtype))
+    kept = []
+    for i, (layer, mem) in enumerate(zip(model.layers, memory)):
+        kept.append(torch.cat([mem, h], 1)[:, -M:])
+        u, v = (model.r_w_bias[i], model.r_r_bias[i]) if model.untie_r else (model.r_w_bias, model.r_r_bias)
+        h = layer.ff(released_attention(layer.attn, h, mem, pos_emb, u, v, trams))
+    return Segment(model.drop(h), kept, None)
+
+
+def ours(model: TransformerXL, mem_len: int, trams: TramsSettings | None, cache_kv: bool, need_mass: bool):
+    """A segment step of `model` itself (`TransformerXL.forward`) with these evaluation knobs."""
+
+    def step(x: Tensor, memory: XLMemory) -> Segment:
+        out = model(x, memory, mem_len=mem_len, trams=trams, need_mass=need_mass, cache_kv=cache_kv)
+        mass = torch.stack([a.mem_mass for a in out.attn]).mean().item() if need_mass else None
+        return Segment(out.hidden, out.memory, mass)
+
+    return step
 
 
 def run(
     model: TransformerXL,
+    step: Callable[[Tensor, object], Segment],
+    memory: object,
     tokens: Tensor,
     n: int,
-    mem_len: int,
-    trams: TramsSettings | None,
     warmup: int,
-    need_mass: bool = False,
-    cache_kv: bool = False,
 ) -> tuple[float, float | None, Tensor]:
-    """Tokens/s over the stream after `warmup` segments; mean memory mass; last hidden states."""
+    """Tokens/s of `step` over the stream after `warmup` segments from `memory`; mean memory mass;
+    last hidden states."""
     B = tokens.shape[0]
-    memory = model.zero_memory(B, mem_len)
     masses, start, counted = [], None, 0
     for s in range(tokens.shape[1] // n):
         if s == warmup:
             start = time.perf_counter()
         seg = tokens[:, s * n : (s + 1) * n]
-        out = model(seg, memory, mem_len=mem_len, trams=trams, need_mass=need_mass, cache_kv=cache_kv)
+        out = step(seg, memory)
         nll = model.nll(out.hidden, tokens[:, s * n : (s + 1) * n])
         nll.sum().item()  # synchronise
         memory = out.memory
         if s >= warmup:
             counted += B * n
-            if need_mass:
-                masses.append(torch.stack([a.mem_mass for a in out.attn]).mean().item())
+            if out.mem_mass is not None:
+                masses.append(out.mem_mass)
     elapsed = time.perf_counter() - start
     return counted / elapsed, (sum(masses) / len(masses) if masses else None), out.hidden
 
@@ -318,25 +337,20 @@ def main() -> None:
         "xl_M_cached": (args.pool, None, True),
         "trams_cached": (args.pool, trams, True),
     }
-    ours = [layer.attn.forward for layer in model.layers]
     results: dict[str, tuple[float, float | None]] = {}
     hidden: dict[str, Tensor] = {}
     with torch.inference_mode():
         for _ in range(args.repeats):
             for name, (mem_len, setting, cache_kv) in settings.items():
-                for layer, fwd in zip(model.layers, ours):
-                    layer.attn.forward = (
-                        types.MethodType(released_forward, layer.attn) if name == "trams_released" else fwd
-                    )
-                mass_wanted = name in ("xl_m", "trams")
-                tps, mass, hid = run(
-                    model, tokens, args.tgt_len, mem_len, setting, args.warmup, mass_wanted, cache_kv
-                )
+                memory = model.zero_memory(args.batch, mem_len)
+                if name == "trams_released":
+                    step, memory = partial(released_forward, model, trams=setting), memory.hidden
+                else:
+                    step = ours(model, mem_len, setting, cache_kv, need_mass=name in ("xl_m", "trams"))
+                tps, mass, hid = run(model, step, memory, tokens, args.tgt_len, args.warmup)
                 best = results.get(name, (0.0, None))[0]
                 results[name] = (max(best, tps), mass)
                 hidden[name] = hid
-        for layer, fwd in zip(model.layers, ours):
-            layer.attn.forward = fwd
     diff = max(
         (hidden[name] - hidden["trams_released"]).abs().max().item() for name in ("trams", "trams_cached")
     )

@@ -320,22 +320,24 @@ def test_flops_counted_by_hand():
     Per layer: q,k,v 3·8·8 = 192; memory k,v again 2·8·8·6/4 = 192; positions 8·8·10/4 = 160;
     scores and sum 3·8·10 = 240; output 8·8 = 64; feed-forward 2·8·16 = 256: 1104, + conv f_c
     8² = 64 per evicted state, one per token. Softmax 8·10 = 80."""
-    args = dict(n_layers=2, d_model=8, n_heads=2, d_head=4, d_inner=16, vocab_size=10, segment_length=4)
-    conv = macs_per_token(**args, mem_len=4, cmem_len=2, compression="conv", compression_rate=2)
+
+    def config(compression: str, rate: int) -> CompressiveTransformer.Config:
+        sizes = dict(n_layers=2, d_model=8, n_heads=2, d_head=4, d_inner=16)
+        return CompressiveTransformer.Config(**sizes, compression=compression, compression_rate=rate)
+
+    lengths = CompressiveLengths(mem_len=4, cmem_len=2)
+    conv = macs_per_token(config("conv", 2), 10, lengths, 4)
     assert conv == 2 * 1168 + 80
-    assert macs_per_token(**args, mem_len=4, cmem_len=2, compression="max_pool") == 2 * 1104 + 80
-    dilated = macs_per_token(**args, mem_len=4, cmem_len=2, compression="dilated_conv", compression_rate=4)
-    assert dilated == 2 * (1104 + 2 * 64 * 2) + 80
+    assert macs_per_token(config("max_pool", 3), 10, lengths, 4) == 2 * 1104 + 80
+    assert macs_per_token(config("dilated_conv", 4), 10, lengths, 4) == 2 * (1104 + 2 * 64 * 2) + 80
     # With the key/value cache the memories are not projected again (− 192); the n/c = 2 states
     # compressed per segment are, once: 2·8·8·2/4 = 64.
-    cached = macs_per_token(
-        **args, mem_len=4, cmem_len=2, compression="conv", compression_rate=2, cache_kv=True
-    )
+    cached = macs_per_token(config("conv", 2), 10, lengths, 4, cache_kv=True)
     assert cached == 2 * (1168 - 192 + 64) + 80
     sizes = dict(vocab_size=10, n_layers=2, d_model=8, n_heads=2, d_inner=16, mem_len=9, cmem_len=9)
-    lengths = dict(eval_mem_len=4, eval_cmem_len=2, compression_rate=2)
-    assert CompressiveTransformerLM(**sizes, **lengths).flops_per_token(4) == 2 * cached  # the cache: on
-    assert CompressiveTransformerLM(**sizes, **lengths, eval_cache_kv=False).flops_per_token(4) == 2 * conv
+    knobs = dict(eval_mem_len=4, eval_cmem_len=2, compression_rate=2)
+    assert CompressiveTransformerLM(**sizes, **knobs).flops_per_token(4) == 2 * cached  # the cache: on
+    assert CompressiveTransformerLM(**sizes, **knobs, eval_cache_kv=False).flops_per_token(4) == 2 * conv
 
 
 @pytest.mark.parametrize("cache_kv", [False, True], ids=["projected again", "key/value cache"])

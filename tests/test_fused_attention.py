@@ -21,8 +21,9 @@ from longctx.methods.compressive_transformer.network import CompressiveTransform
 from longctx.methods.transformer_xl.memory import reset_memory_rows
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.transformer_xl.network import TransformerXL
-from longctx.methods.transformer_xl.relative_attention import RelMultiHeadAttention, sinusoid_positions
+from longctx.methods.transformer_xl.relative_attention import sinusoid_positions
 from longctx.methods.transformer_xl.trams import TramsSettings
+from tests.xl_layers import attend, attention_layer
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 VOCAB = 40
@@ -79,6 +80,18 @@ def assert_equal_runs(eager, fused, eager_grads, fused_grads) -> None:
     assert eager_grads.keys() == fused_grads.keys()
     for name, grad in eager_grads.items():
         torch.testing.assert_close(fused_grads[name], grad, **TOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_split_heads_gives_each_head_its_block_of_columns_and_merge_heads_undoes_it():
+    """Head h of a projection (..., T, H·Dh) is its columns h·Dh … (h+1)·Dh − 1, for a batch of
+    sequences and for position rows alike; merging the heads gives the projection back."""
+    H, Dh = 3, 4
+    for x in (torch.randn(2, 5, H * Dh), torch.randn(5, H * Dh)):
+        heads = attention_kernel.split_heads(x, H)  # (..., H, T, Dh)
+        assert heads.shape == (*x.shape[:-2], H, x.shape[-2], Dh)
+        for h in range(H):
+            assert torch.equal(heads[..., h, :, :], x[..., h * Dh : (h + 1) * Dh])
+        assert torch.equal(attention_kernel.merge_heads(heads), x)
 
 
 @pytest.mark.parametrize(
@@ -192,14 +205,14 @@ def test_xl_query_without_keys_is_nan_as_in_eager():
 
 def test_xl_fused_applies_attention_dropout_in_training_only():
     torch.manual_seed(0)
-    attn = RelMultiHeadAttention(d_model=8, n_heads=2, d_head=4, dropout=0.0, dropatt=0.5)
+    attn = attention_layer(d_model=8, n_heads=2, d_head=4, dropatt=0.5)
     x, mem = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
     valid, biases = torch.ones(2, 3, dtype=torch.bool), (torch.zeros(2, 4), torch.zeros(2, 4))
-    args = (x, mem, valid, sinusoid_positions(7, 8), *biases)
-    first, second = attn(*args).out, attn(*args).out
+    args = (attn, x, mem, valid, sinusoid_positions(7, 8), *biases)
+    first, second = attend(*args).out, attend(*args).out
     assert not torch.allclose(first, second)  # probabilities dropped, a fresh draw each call
     attn.eval()
-    torch.testing.assert_close(attn(*args).out, attn(*args).out, rtol=0, atol=0)
+    torch.testing.assert_close(attend(*args).out, attend(*args).out, rtol=0, atol=0)
 
 
 def test_bad_attention_kernel_is_one_line():

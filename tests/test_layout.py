@@ -103,6 +103,7 @@ SHARED_METHOD_PARTS = {
     "longctx/methods/transformer_xl/relative_attention.py": {
         "RelMultiHeadAttention",
         "AttentionOutput",
+        "KeyWindow",
         "sinusoid_positions",
         "rel_shift",
         "window_blocked",
@@ -118,8 +119,8 @@ SHARED_METHOD_PARTS = {
         "length_attributes",
         "empty_memory",
         "zero_memory",
-        "update_memory",
         "reset_memory_rows",
+        "SegmentMemory",
     },
     "longctx/methods/transformer_xl/flops.py": {"macs_per_token"},
     # The recurrent GPT-2's Hugging Face surface and its segment-by-segment backward, on which the

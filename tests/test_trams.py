@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from longctx.methods.transformer_xl.flops import macs_per_token
-from longctx.methods.transformer_xl.memory import reset_memory_rows
+from longctx.methods.transformer_xl.memory import MemoryLengths, reset_memory_rows
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
@@ -31,13 +31,14 @@ from longctx.methods.transformer_xl.trams import (
     trams_scores,
     window_index,
 )
+from tests.xl_layers import attend, attention_layer, selected_slots
 
 D, H, DH = 12, 3, 4
 
 
 def layer(seed: int = 0) -> RelMultiHeadAttention:
     torch.manual_seed(seed)
-    return RelMultiHeadAttention(d_model=D, n_heads=H, d_head=DH, dropout=0.0).double()
+    return attention_layer(d_model=D, n_heads=H, d_head=DH).double()
 
 
 def inputs(B: int = 2, P: int = 12, n: int = 4, seed: int = 1):
@@ -103,12 +104,13 @@ def test_selection_helpers():
 @pytest.mark.parametrize(("metric", "kept", "attended"), [("code", 3, 7), ("paper", 3, 7), ("code", 0, 5)])
 def test_layer_selects_the_top_of_the_brute_force_metric_and_keeps_the_newest(metric, kept, attended):
     attn, (x, mem, valid, pos, u, v) = layer(), inputs()
-    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended, kept, metric))
+    settings = TramsSettings(attended, kept, metric)
+    out = attend(attn, x, mem, valid, pos, u, v, trams=settings)
     P = mem.shape[1]
     metric_values = brute_force_metric(keys(attn, mem)[:, :, : P - kept], attn.query_weight(), metric)
     expected = metric_values.topk(attended - kept, dim=-1).indices.sort(-1).values
-    assert torch.equal(out.selected, expected)
-    kept_block = out.window[..., attended - kept : attended]
+    assert torch.equal(selected_slots(out, settings), expected)
+    kept_block = out.window.slots[..., attended - kept : attended]
     assert torch.equal(kept_block, torch.arange(P - kept, P).expand(2, H, -1))
 
 
@@ -146,7 +148,7 @@ def released_trams_layer(attn, x, mem, u, vb, topk: int, remain: int) -> torch.T
 
 def test_layer_equals_the_released_code_computation():
     attn, (x, mem, valid, pos, u, v) = layer(), inputs()
-    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended=7, kept=3))
+    out = attend(attn, x, mem, valid, pos, u, v, trams=TramsSettings(attended=7, kept=3))
     torch.testing.assert_close(out.out, released_trams_layer(attn, x, mem, u, v, topk=4, remain=3))
 
 
@@ -155,8 +157,10 @@ def test_layer_equals_the_released_code_computation():
 @pytest.mark.parametrize("kept", [0, 5, 12])
 def test_selecting_everything_equals_xl_over_the_whole_pool(metric, positions, kept):
     attn, (x, mem, valid, pos, u, v) = layer(), inputs()
-    xl = attn(x, mem, valid, pos, u, v, need_mass=True)
-    trams = attn(x, mem, valid, pos, u, v, trams=TramsSettings(12, kept, metric, positions), need_mass=True)
+    xl = attend(attn, x, mem, valid, pos, u, v, need_mass=True)
+    trams = attend(
+        attn, x, mem, valid, pos, u, v, trams=TramsSettings(12, kept, metric, positions), need_mass=True
+    )
     torch.testing.assert_close(trams.out, xl.out)
     torch.testing.assert_close(trams.mem_mass, xl.mem_mass)
 
@@ -165,46 +169,52 @@ def test_selecting_everything_equals_xl_over_the_whole_pool(metric, positions, k
 def test_compact_output_is_xl_attention_over_the_selected_kept_segment_window(metric):
     attn, (x, mem, valid, pos, u, v) = layer(), inputs()
     kept, attended = 3, 7
-    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended, kept, metric), need_weights=True)
+    settings = TramsSettings(attended, kept, metric)
+    out = attend(attn, x, mem, valid, pos, u, v, trams=settings, need_weights=True)
     P = mem.shape[1]
     for b in range(2):
         for h in range(H):
-            window = torch.cat([mem[b, out.selected[b, h]], mem[b, P - kept :]])[None]  # (1, m, d)
-            ref = attn(x[b : b + 1], window, valid[b : b + 1, :attended], pos, u, v, need_weights=True)
+            window = torch.cat([mem[b, selected_slots(out, settings)[b, h]], mem[b, P - kept :]])[
+                None
+            ]  # (1, m, d)
+            ref = attend(
+                attn, x[b : b + 1], window, valid[b : b + 1, :attended], pos, u, v, need_weights=True
+            )
             torch.testing.assert_close(out.heads[b, h], ref.heads[0, h])
 
 
 def test_true_positions_output_is_xl_attention_restricted_to_the_window():
     attn, (x, mem, valid, pos, u, v) = layer(), inputs()
     kept, attended = 3, 7
-    out = attn(
-        x, mem, valid, pos, u, v, trams=TramsSettings(attended, kept, "code", "true"), need_weights=True
-    )
+    settings = TramsSettings(attended, kept, "code", "true")
+    out = attend(attn, x, mem, valid, pos, u, v, trams=settings, need_weights=True)
     P = mem.shape[1]
     for b in range(2):
         for h in range(H):
             in_window = torch.zeros(1, P, dtype=torch.bool)
-            in_window[0, out.selected[b, h]] = True
+            in_window[0, selected_slots(out, settings)[b, h]] = True
             in_window[0, P - kept :] = True
-            ref = attn(x[b : b + 1], mem[b : b + 1], in_window, pos, u, v, need_weights=True)
+            ref = attend(attn, x[b : b + 1], mem[b : b + 1], in_window, pos, u, v, need_weights=True)
             torch.testing.assert_close(out.heads[b, h], ref.heads[0, h])
 
 
 def test_oracle_selects_the_largest_attention_mass_of_the_full_pool():
     attn, (x, mem, valid, pos, u, v) = layer(), inputs()
     kept, attended = 3, 7
-    full = attn(x, mem, valid, pos, u, v, need_weights=True)
+    full = attend(attn, x, mem, valid, pos, u, v, need_weights=True)
     mass = full.probs[..., : mem.shape[1] - kept].sum(-2)  # (B, H, P - kept)
-    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended, kept, "oracle"))
-    assert torch.equal(out.selected, mass.topk(attended - kept, -1).indices.sort(-1).values)
+    settings = TramsSettings(attended, kept, "oracle")
+    out = attend(attn, x, mem, valid, pos, u, v, trams=settings)
+    assert torch.equal(selected_slots(out, settings), mass.topk(attended - kept, -1).indices.sort(-1).values)
 
 
 def test_missing_slots_are_not_selected_while_real_ones_remain():
     attn, (x, mem, valid, pos, u, v) = layer(), inputs()
     valid[1, :5] = False  # row 1 has only its 7 newest slots (a document started there)
-    out = attn(x, mem, valid, pos, u, v, trams=TramsSettings(attended=6, kept=2))
-    assert out.selected[1].min() >= 5  # 4 selected among the 5 real older slots 5..9
-    assert out.selected[0].min() < 5  # row 0 still chooses from all (seeded: not only the newest)
+    settings = TramsSettings(attended=6, kept=2)
+    chosen = selected_slots(attend(attn, x, mem, valid, pos, u, v, trams=settings), settings)
+    assert chosen[1].min() >= 5  # 4 selected among the 5 real older slots 5..9
+    assert chosen[0].min() < 5  # row 0 still chooses from all (seeded: not only the newest)
 
 
 # ---------------------------------------------------------------------------------- the network
@@ -237,7 +247,8 @@ def test_selection_changes_the_network_output_only_beyond_the_kept_memory():
     for s in range(7):
         out = model(x[:, 4 * s : 4 * s + 4], memory, mem_len=16, trams=TramsSettings(8, 4), need_mass=True)
         memory = out.memory
-        assert all(a.selected.shape == (2, H, 4) for a in out.attn)
+        assert all(selected_slots(a, TramsSettings(8, 4)).shape == (2, H, 4) for a in out.attn)
+        assert all(a.window.k.shape[2] == 8 + 4 for a in out.attn)  # m keys of the pool, then the segment
         assert all(0 < float(a.mem_mass) < 1 for a in out.attn)
     assert memory.valid.all() and memory.valid.shape == (2, 16)
 
@@ -253,7 +264,7 @@ def test_trams_with_the_key_value_cache_equals_projecting_the_pool_again(metric)
         a = model(seg, plain, mem_len=16, trams=settings)
         b = model(seg, cached, mem_len=16, trams=settings, cache_kv=True)
         torch.testing.assert_close(b.hidden, a.hidden)
-        assert all(torch.equal(p.selected, q.selected) for p, q in zip(a.attn, b.attn))
+        assert all(torch.equal(p.window.slots, q.window.slots) for p, q in zip(a.attn, b.attn))
         plain, cached = a.memory, b.memory
 
 
@@ -265,20 +276,19 @@ def test_trams_macs_per_token_by_hand():
     # once), H·(Dh² + 2·Dh) = 160 each, per segment: 160·16/16 = 160 (without the K/V cache the 32 − 8
     # older slots: 240); output projection 256; feed-forward 2·16·32 = 1024. Softmax 16·64.
     per_layer = 768 + 512 + 1536 + 160 + 256 + 1024
-    sizes = dict(n_layers=2, d_model=16, n_heads=2, d_head=8, d_inner=32, vocab_size=64, segment_length=16)
+    sizes = (TransformerXL.Config(n_layers=2, d_model=16, n_heads=2, d_head=8, d_inner=32), 64)
+    pool = MemoryLengths(mem_len=32)
     trams = TramsSettings(attended=16, kept=8)
-    macs = macs_per_token(**sizes, memory_length=32, cache_kv=True, trams=trams)
+    macs = macs_per_token(*sizes, pool, 16, cache_kv=True, trams=trams)
     assert macs == 2 * per_layer + 16 * 64
     # The paper's metric costs H·Dh per slot; the TRAMS protocol scores n − 1 targets per segment.
     paper = TramsSettings(attended=16, kept=8, metric="paper")
-    assert macs_per_token(**sizes, memory_length=32, cache_kv=True, trams=paper) == macs - 2 * (
-        160 - 2 * 8 * 16 / 16
-    )
+    assert macs_per_token(*sizes, pool, 16, cache_kv=True, trams=paper) == macs - 2 * (160 - 2 * 8 * 16 / 16)
     # Without the K/V cache every segment re-scores the 24 older slots and re-projects the memory.
-    uncached = macs_per_token(**sizes, memory_length=32, cache_kv=False, trams=trams)
+    uncached = macs_per_token(*sizes, pool, 16, cache_kv=False, trams=trams)
     assert uncached == macs + 2 * (240 - 160 + 2 * 16 * 16 * 32 / 16)
-    assert macs_per_token(**sizes, memory_length=32, cache_kv=True, trams=trams, scored_per_segment=15) == (
-        macs * 16 / 15
+    assert (
+        macs_per_token(*sizes, pool, 16, cache_kv=True, trams=trams, scored_per_segment=15) == macs * 16 / 15
     )
 
 
@@ -341,9 +351,9 @@ def test_score_cache_selects_and_outputs_as_scoring_every_segment(metric, positi
     with torch.no_grad():  # evaluation: the cache is appended in place (`slot_store.py`)
         for a, b, c in score_cache_streams(model, x, memory, settings, 16, resets):
             for cached, rescored, plain in zip(a.attn, b.attn, c.attn):
-                if cached.selected is not None or plain.selected is not None:
-                    assert torch.equal(cached.selected, rescored.selected)
-                    assert torch.equal(cached.selected, plain.selected)
+                if cached.window.slots is not None or plain.window.slots is not None:
+                    assert torch.equal(cached.window.slots, rescored.window.slots)
+                    assert torch.equal(cached.window.slots, plain.window.slots)
             assert torch.equal(a.hidden, b.hidden)  # same keys, same selection: the same computation
             torch.testing.assert_close(a.hidden, c.hidden)
             # The carried scores are those of the carried keys, −inf where a slot holds no token.
@@ -375,8 +385,7 @@ def test_select_windows_equals_selecting_layer_by_layer():
 
 
 def test_score_cache_scores_only_the_segment_once_the_pool_is_cached(monkeypatch):
-    from longctx.methods.transformer_xl import network as xl_network
-    from longctx.methods.transformer_xl import relative_attention
+    from longctx.methods.transformer_xl import trams_pool
 
     pool_scored, segment_scored, matrices = [], [], []
 
@@ -388,11 +397,11 @@ def test_score_cache_scores_only_the_segment_once_the_pool_is_cached(monkeypatch
         return wrapped
 
     monkeypatch.setattr(
-        relative_attention, "trams_scores", recording(trams_scores, pool_scored, lambda k, *_: k.shape[2])
+        trams_pool, "trams_scores", recording(trams_scores, pool_scored, lambda k, *_: k.shape[2])
     )
     keys_per_layer = lambda keys, S: [k.shape[2] for k in keys]  # noqa: E731
-    monkeypatch.setattr(xl_network, "layer_scores", recording(layer_scores, segment_scored, keys_per_layer))
-    monkeypatch.setattr(xl_network, "score_matrix", recording(score_matrix, matrices, lambda *_: "matrix"))
+    monkeypatch.setattr(trams_pool, "layer_scores", recording(layer_scores, segment_scored, keys_per_layer))
+    monkeypatch.setattr(trams_pool, "score_matrix", recording(score_matrix, matrices, lambda *_: "matrix"))
     model, x = network(), torch.randint(0, 40, (2, 16))
     memory, settings = model.zero_memory(2, 16), TramsSettings(8, 4)
     for s in range(4):
@@ -419,7 +428,10 @@ def test_layer_scores_equal_scoring_each_layer():
         torch.testing.assert_close(layer_scores(keys, S), expected)
 
 
-def test_oracle_is_not_cached_and_needs_no_score():
+def test_oracle_is_not_cached_and_needs_no_score(monkeypatch):
+    from longctx.methods.transformer_xl import trams_pool
+
+    monkeypatch.setattr(trams_pool, "trams_scores", lambda *a: pytest.fail("the oracle scored keys"))
     model, x = network(), torch.randint(0, 40, (2, 8))
     memory = model.zero_memory(2, 16)
     for s in range(2):
@@ -427,6 +439,5 @@ def test_oracle_is_not_cached_and_needs_no_score():
             x[:, 4 * s : 4 * s + 4], memory, mem_len=16, trams=TramsSettings(8, 4, "oracle"), cache_kv=True
         ).memory
         assert memory.key is not None and memory.score is None
-    attn, (x, mem, valid, pos, u, v) = layer(), inputs()
-    with pytest.raises(ValueError, match="need_score needs TRAMS with the 'code' or 'paper' metric"):
-        attn(x, mem, valid, pos, u, v, trams=TramsSettings(7, 3, "oracle"), need_score=True)
+    with pytest.raises(ValueError, match="TRAMS scores are cached for 'code' or 'paper', got 'oracle'"):
+        score_matrix(layer().query_weight(), "oracle")

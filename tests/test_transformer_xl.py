@@ -30,6 +30,7 @@ from longctx.methods.transformer_xl.trams import TramsSettings
 from tests.knob_checks import assert_same_weights, save_with_hparams
 from tests.lm_fixtures import SyntheticData, cpu_trainer
 from tests.methods import tiny_transformer_xl
+from tests.xl_layers import attend, attention_layer
 
 RESOLVED = Path(__file__).resolve().parent / "fixtures" / "resolved_configs"
 
@@ -106,7 +107,7 @@ def naive_attention(
 )
 def test_attention_layer_equals_a_naive_loop(P, clamp_len, same_length, reset_row):
     torch.manual_seed(0)
-    attn = RelMultiHeadAttention(d_model=6, n_heads=2, d_head=3, dropout=0.0).double()
+    attn = attention_layer(d_model=6, n_heads=2, d_head=3).double()
     B, n = 2, 3
     x, mem = torch.randn(B, n, 6, dtype=torch.double), torch.randn(B, P, 6, dtype=torch.double)
     valid = torch.ones(B, P, dtype=torch.bool)
@@ -114,32 +115,33 @@ def test_attention_layer_equals_a_naive_loop(P, clamp_len, same_length, reset_ro
         valid[1, :3] = False  # row 1 lost its 3 oldest slots
     u, v = torch.randn(2, 3, dtype=torch.double), torch.randn(2, 3, dtype=torch.double)
     pos = sinusoid_positions(P + n, 6, clamp_len, dtype=torch.double)
-    out = attn(x, mem, valid, pos, u, v, same_length=same_length).out
+    out = attend(attn, x, mem, valid, pos, u, v, same_length=same_length).out
     torch.testing.assert_close(out, naive_attention(attn, x, mem, valid, u, v, clamp_len, same_length))
 
 
 def test_attention_layer_gradients_match_finite_differences():
     torch.manual_seed(0)
-    attn = RelMultiHeadAttention(d_model=4, n_heads=2, d_head=2, dropout=0.0).double()
+    attn = attention_layer(d_model=4, n_heads=2, d_head=2).double()
     mem, valid = torch.randn(1, 3, 4, dtype=torch.double), torch.ones(1, 3, dtype=torch.bool)
     pos = sinusoid_positions(5, 4, dtype=torch.double)
     u = torch.randn(2, 2, dtype=torch.double, requires_grad=True)
     x = torch.randn(1, 2, 4, dtype=torch.double, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, u: attn(x, mem, valid, pos, u, u * 0.5).out, (x, u))
+    assert torch.autograd.gradcheck(lambda x, u: attend(attn, x, mem, valid, pos, u, u * 0.5).out, (x, u))
 
 
 def test_the_attention_exposes_its_per_head_query_key_and_value_weights():
     """`query_weight`, `key_weight`, `value_weight` (H, Dh, D) are the projections the layer attends
-    with: the keys and values of [memory, segment] it returns are W_K h and W_V h, and the three are
+    with: the keys and values of [memory, segment] it attends are W_K h and W_V h, and the three are
     `qkv_net.weight`'s [W_Q; W_K; W_V] blocks (views: the Compressive Transformer's loss reads them)."""
     torch.manual_seed(0)
-    attn = RelMultiHeadAttention(d_model=6, n_heads=2, d_head=3, dropout=0.0).double()
+    attn = attention_layer(d_model=6, n_heads=2, d_head=3).double()
     x, mem = torch.randn(2, 3, 6, dtype=torch.double), torch.randn(2, 4, 6, dtype=torch.double)
     u, v = torch.randn(2, 3, dtype=torch.double), torch.randn(2, 3, dtype=torch.double)
-    out = attn(x, mem, torch.ones(2, 4, dtype=torch.bool), sinusoid_positions(7, 6, dtype=torch.double), u, v)
+    pos = sinusoid_positions(7, 6, dtype=torch.double)
+    out = attend(attn, x, mem, torch.ones(2, 4, dtype=torch.bool), pos, u, v)
     cat = torch.cat([mem, x], 1)
-    torch.testing.assert_close(out.kv[0], torch.einsum("hed,btd->bhte", attn.key_weight(), cat))
-    torch.testing.assert_close(out.kv[1], torch.einsum("hed,btd->bhte", attn.value_weight(), cat))
+    torch.testing.assert_close(out.window.k, torch.einsum("hed,btd->bhte", attn.key_weight(), cat))
+    torch.testing.assert_close(out.window.v, torch.einsum("hed,btd->bhte", attn.value_weight(), cat))
     blocks = [attn.query_weight(), attn.key_weight(), attn.value_weight()]
     assert all(w.shape == (2, 3, 6) for w in blocks)
     assert torch.equal(torch.cat([w.reshape(6, 6) for w in blocks]), attn.qkv_net.weight)
@@ -351,12 +353,14 @@ def test_xl_macs_per_token_by_hand():
     # Per layer: q, k, v 3·16·16 = 768; positions of the W = 32 keys projected per segment 16·16·32/16
     # = 512; (q+u)·k, (q+v)·r, probs·v 3·16·32 = 1536; output projection 256; feed-forward 2·16·32 =
     # 1024. Softmax 16·64. Without the key/value cache the memory is projected again: 2·16·16·16/16.
-    sizes = dict(n_layers=2, d_model=16, n_heads=2, d_head=8, d_inner=32, vocab_size=64, segment_length=16)
+    config = TransformerXL.Config(n_layers=2, d_model=16, n_heads=2, d_head=8, d_inner=32)
     per_layer = 768 + 512 + 1536 + 256 + 1024
-    assert xl_macs(**sizes, memory_length=16, cache_kv=True) == 2 * per_layer + 16 * 64
-    assert xl_macs(**sizes, memory_length=16) == 2 * (per_layer + 512) + 16 * 64
+    assert xl_macs(config, 64, MemoryLengths(mem_len=16), 16, cache_kv=True) == 2 * per_layer + 16 * 64
+    assert xl_macs(config, 64, MemoryLengths(mem_len=16), 16) == 2 * (per_layer + 512) + 16 * 64
     # Adaptive softmax, cutoffs 20/40: the head (20 words + 2 clusters) and both tails, full log-prob.
-    assert xl_macs(**sizes, memory_length=0, cutoffs=[20, 40]) - xl_macs(**sizes, memory_length=0) == 16 * 2
+    adaptive = TransformerXL.Config(n_layers=2, d_model=16, n_heads=2, d_head=8, d_inner=32, cutoffs=(20, 40))
+    no_memory = MemoryLengths(mem_len=0)
+    assert xl_macs(adaptive, 64, no_memory, 16) - xl_macs(config, 64, no_memory, 16) == 16 * 2
 
 
 @pytest.mark.parametrize("div_val", [1, 2])
@@ -446,11 +450,11 @@ def test_word_level_cutoffs_on_a_byte_vocabulary_give_a_full_softmax(module, cap
     with caplog.at_level("INFO"):
         word_recipe = cls(**sizes, cutoffs=[200, 2000, 8000])
     full = cls(**sizes, cutoffs=[])
-    assert word_recipe.cutoffs == [200] and full.cutoffs == []
+    assert word_recipe.net.config.cutoffs == (200,) and full.net.config.cutoffs == ()
     assert word_recipe.net.crit.cutoffs == [200, 256]
     assert "cutoffs [200, 2000, 8000] reach past the vocabulary (256)" in caplog.text
     beyond = cls(**sizes, cutoffs=[2000, 8000])
-    assert beyond.cutoffs == [] and beyond.net.crit.cutoffs == [256]
+    assert beyond.net.config.cutoffs == () and beyond.net.crit.cutoffs == [256]
     assert {k: v.shape for k, v in beyond.net.state_dict().items()} == {
         k: v.shape for k, v in full.net.state_dict().items()
     }

@@ -37,6 +37,23 @@ log = logging.getLogger(__name__)
 Fn = TypeVar("Fn", bound=Callable[..., torch.Tensor])
 
 
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """t in float32 at least (bf16 and fp16 under autocast are raised), float64 kept: the dtype the
+    authors' codes compute softmax statistics (and TRAMS's QR factor) in."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """A projection's heads: (..., T, H·Dh) -> (..., H, T, Dh), head h the h-th block of Dh columns
+    (a view of a contiguous `x`)."""
+    return x.view(*x.shape[:-1], n_heads, -1).transpose(-3, -2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `split_heads`: (..., H, T, Dh) -> (..., T, H·Dh), the heads side by side."""
+    return x.transpose(-3, -2).flatten(-2)
+
+
 def check_attention_kernel(attention: str) -> None:
     """One line naming a bad `attention` value and the choices."""
     if attention not in ATTENTION_KERNELS:

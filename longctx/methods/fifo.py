@@ -7,9 +7,9 @@ memories (`compressive_transformer/memory.py`), which compresses what its memory
 discarding it. Shared by the methods, so it imports none of them.
 
 Slots lie along one dim (`dim`), oldest first. The evicted slots are the oldest ones of [old, new];
-the kept and evicted tensors are views of [old, new] (no copy beyond forming it). A caller that holds
-several tensors over the same slots (per layer states, their validity) calls `fifo_append` on each:
-the split depends only on the slot counts, so it is the same for all of them.
+the kept and evicted tensors are views of [old, new] (no copy beyond forming it). The split depends
+only on the slot counts: a memory that holds several tensors over the same slots (per layer states,
+their validity, keys and values) decides it once per segment (`fifo_step`) and applies it to each.
 """
 
 from __future__ import annotations
@@ -45,6 +45,29 @@ def split_evicted(joined: Tensor, evicted: int, dim: int = 1) -> FifoUpdate:
     return FifoUpdate(joined.narrow(dim, evicted, slots - evicted), joined.narrow(dim, 0, evicted))
 
 
+class FifoStep(NamedTuple):
+    """One segment's append to a first-in first-out memory, decided once from the slot counts
+    (`fifo_step`) and applied to every tensor over the same slots (per layer states, validity, keys
+    and values): `evicted` oldest slots of [old, new] leave."""
+
+    evicted: int
+
+    def split(self, joined: Tensor, dim: int = 1) -> FifoUpdate:
+        """[old, new] already joined along `dim`: its kept and evicted slots."""
+        return split_evicted(joined, self.evicted, dim)
+
+    def append(
+        self, old: Tensor, new: Tensor, dim: int = 1, join: Callable[[Tensor, Tensor], Tensor] | None = None
+    ) -> FifoUpdate:
+        """[old, new] (formed by `join`, default `torch.cat` along `dim`) split into kept and evicted."""
+        return self.split(torch.cat([old, new], dim=dim) if join is None else join(old, new), dim)
+
+
+def fifo_step(held: int, incoming: int, capacity: int, group: int = 1) -> FifoStep:
+    """The append of `incoming` slots to a memory holding `held` of `capacity` (see `evicted_count`)."""
+    return FifoStep(evicted_count(held, incoming, capacity, group))
+
+
 def fifo_append(
     old: Tensor,
     new: Tensor,
@@ -59,8 +82,7 @@ def fifo_append(
     join: how [old, new] is formed; default `torch.cat` along `dim` (a new tensor, dtypes promoted as
     `torch.cat` does: a caller that wants the memory in the new slots' dtype casts `old` first).
     Transformer-XL's evaluation cache passes its `SlotAppender.extend`, which appends in place into
-    preallocated buffers.
+    preallocated buffers. A memory with several tensors over the same slots decides the step once
+    (`fifo_step`) and applies it to each.
     """
-    evicted = evicted_count(old.shape[dim], new.shape[dim], capacity, group)
-    joined = torch.cat([old, new], dim=dim) if join is None else join(old, new)
-    return split_evicted(joined, evicted, dim)
+    return fifo_step(old.shape[dim], new.shape[dim], capacity, group).append(old, new, dim, join)

@@ -17,7 +17,9 @@ Notation (the paper's symbols and where they live; files of this folder):
 | f_c        | compression function, one per layer | compression.py:build_compression,                  |
 |            |                                      | network.py:CompressiveTransformer.compressors      |
 | mem, cmem  | memory, compressed memory            | memory.py:CompressiveMemory (hidden, compressed)   |
-| old_mem    | states evicted from the memory       | memory.py:evict (Eviction.evicted)                 |
+| concat(cmem, mem) | the keys a layer attends      | memory.py:CompressiveSegment.window                |
+| old_mem    | states evicted from the memory       | memory.py:CompressiveSegment.eviction              |
+|            |                                      | (Eviction.evicted)                                 |
 | new_cm     | f_c(old_mem)                         | network.py:CompressiveTransformer.forward (`new`)  |
 | attn(h, m) | content-based attention of a layer   | network.py:content_attention                       |
 | L^attn     | attention-reconstruction loss        | network.py:attention_reconstruction,               |

@@ -12,7 +12,7 @@ token one state:
 Without the key/value cache every segment projects the keys and values of all P memory slots again
 (2·d·HD·P/n per token per layer). With it (`cache_kv`, `CompressiveTransformer.forward`) the memory's
 slots carry the keys and values the layer computed when they were the segment, and each segment
-projects only the n/c states it compresses, once (`_updated_caches`): 2·d·HD/c per token per layer.
+projects only the n/c states it compresses, once (`CompressiveSegment.kept`): 2·d·HD/c per token per layer.
 
 The attention-reconstruction loss (training's, and at evaluation its logged value) is not counted: the
 language model's prediction does not need it.
@@ -20,12 +20,18 @@ language model's prediction does not need it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from longctx.flops import flops_from_macs
 from longctx.methods.compressive_transformer.compression import CompressionKind
 from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs_per_token
+
+if TYPE_CHECKING:
+    from longctx.methods.compressive_transformer.memory import CompressiveLengths
+    from longctx.methods.compressive_transformer.network import CompressiveTransformerConfig
 
 
 def compression_macs_per_state(compression: CompressionKind, d_model: int, rate: int) -> float:
@@ -38,37 +44,31 @@ def compression_macs_per_state(compression: CompressionKind, d_model: int, rate:
 
 
 def macs_per_token(
-    n_layers: int,
-    d_model: int,
-    n_heads: int,
-    d_head: int,
-    d_inner: int,
+    config: CompressiveTransformerConfig,
     vocab_size: int,
+    lengths: CompressiveLengths,
     segment_length: int,
-    mem_len: int,
-    cmem_len: int,
-    compression: CompressionKind = "conv",
-    compression_rate: int = 3,
-    cutoffs: Sequence[int] = (),
-    d_embed: int | None = None,
-    div_val: int = 1,
     cache_kv: bool = False,
     softmax_rows: Sequence[float] | None = None,
     embedding_rows: Sequence[float] | None = None,
 ) -> float:
-    """Multiply-accumulates per scored token (forward pass, steady state: full memories); cache_kv:
-    the memories' keys and values are carried; softmax_rows, embedding_rows: the adaptive softmax's
-    and input's rows per token (`transformer_xl.flops.macs_per_token`)."""
-    P = mem_len + cmem_len  # the attended memory slots
+    """Multiply-accumulates per scored token (forward pass, steady state: full memories).
+
+    config: the network's sizes, f_c and c (`CompressiveTransformer.Config`); lengths: n_m
+    (`mem_len`) and n_cm (`cmem_len`); segment_length: n_s; cache_kv: the memories' keys and values
+    are carried; softmax_rows, embedding_rows: the adaptive softmax's and input's rows per token
+    (`transformer_xl.flops.macs_per_token`).
+    """
+    attended = dataclasses.replace(lengths, mem_len=lengths.mem_len + lengths.cmem_len)  # P = n_m + n_cm
     xl = xl_macs_per_token(
-        n_layers, d_model, n_heads, d_head, d_inner, vocab_size, segment_length, P, cutoffs, d_embed, div_val,
-        cache_kv=cache_kv, softmax_rows=softmax_rows, embedding_rows=embedding_rows,
+        config, vocab_size, attended, segment_length, cache_kv=cache_kv, softmax_rows=softmax_rows,
+        embedding_rows=embedding_rows,
     )  # fmt: skip
-    if cmem_len == 0:
+    if lengths.cmem_len == 0:
         return xl
-    f_c = compression_macs_per_state(compression, d_model, compression_rate)
-    compressed_kv = 2 * d_model * n_heads * d_head / compression_rate if cache_kv else 0.0
-    return xl + n_layers * (f_c + compressed_kv)
+    f_c = compression_macs_per_state(config.compression, config.d_model, config.compression_rate)
+    compressed_kv = 2 * config.d_model * config.n_heads * config.head_dim / config.compression_rate
+    return xl + config.n_layers * (f_c + (compressed_kv if cache_kv else 0.0))
 
 
 def flops_per_token(*args, **kwargs) -> float:

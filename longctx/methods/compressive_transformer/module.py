@@ -45,19 +45,9 @@ from longctx.core.base import LMBase, StepOutput
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
-from longctx.methods.compressive_transformer.memory import CompressiveMemory
+from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
-from longctx.methods.transformer_xl.memory import MemoryLengths, length_attributes
-
-
-@dataclass(frozen=True)
-class CompressiveLengths(MemoryLengths):
-    """Transformer-XL's lengths (mem_len n_m, clamp_len, same_length) and the compressed memory's,
-    cmem_len (n_cm): what `CompressiveTransformer.forward` runs with, the module's `train_lengths`
-    and `eval_lengths` (the latter from the `evaluation` group, `CompressiveEvaluationMemory`, where a
-    field None is the training value: `MemoryLengths.over`)."""
-
-    cmem_len: int | None = None
+from longctx.methods.transformer_xl.memory import length_attributes
 
 
 @dataclass(frozen=True)
@@ -127,11 +117,7 @@ class CompressiveTransformerLM(LMBase):
         lengths.update({f"eval_{k}": v for k, v in dataclasses.asdict(evaluation).items()})
         if negative := [k for k, v in lengths.items() if (v or 0) < 0]:
             raise ValueError(f"{', '.join(negative)} must be >= 0")
-        network, cutoffs_note = network.within_vocabulary(vocab_size)
-        if cutoffs_note:
-            rank_zero_info(cutoffs_note)
-        self.cutoffs = list(network.cutoffs)
-        self.net = network.build(vocab_size)
+        self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.reconstruction_weight = reconstruction_weight
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention
@@ -169,25 +155,14 @@ class CompressiveTransformerLM(LMBase):
         """Forward FLOPs per scored token at evaluation with full evaluation memories (`flops.py`),
         with the key/value cache when it is on, the adaptive input and softmax counted for the
         tokens this evaluation computed (before any: every cluster for every token)."""
-        config, net = self.net.config, self.net
         return ct_flops.flops_per_token(
-            n_layers=net.n_layers,
-            d_model=net.d_model,
-            n_heads=net.n_heads,
-            d_head=net.d_head,
-            d_inner=config.d_inner,
-            vocab_size=self.vocab_size,
-            segment_length=segment_length,
-            mem_len=self.eval_lengths.mem_len,
-            cmem_len=self.eval_lengths.cmem_len,
-            compression=config.compression,
-            compression_rate=config.compression_rate,
-            cutoffs=self.cutoffs,
-            d_embed=config.d_embed,
-            div_val=config.div_val,
+            self.net.config,
+            self.vocab_size,
+            self.eval_lengths,
+            segment_length,
             cache_kv=self.eval_cache_kv,
-            softmax_rows=net.crit.rows_per_token(),
-            embedding_rows=net.word_emb.rows_per_token(),
+            softmax_rows=self.net.crit.rows_per_token(),
+            embedding_rows=self.net.word_emb.rows_per_token(),
         )
 
     # ------------------------------------------------------------------ step

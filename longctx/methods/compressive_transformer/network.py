@@ -2,11 +2,11 @@
 layers also attend to a compressed memory.
 
 Each layer attends over [compressed memory (n_cm), memory (n_m), segment (n_s)] with Transformer-XL's
-relative positions: the window [cm ; m] is passed as XL's memory, with its validity, so the relative
-distances run through it contiguously (Algorithm 1: mem ← concat(cmem, mem)). The parts are XL's own
-(`XLBlock`, `RelMultiHeadAttention`, `sinusoid_positions`, the adaptive embedding and softmax): the
-class is a `TransformerXL` plus one f_c per layer (`compressors`), so its state dict is XL's plus
-`compressors.*` (and `decoders.*` with the auto-encoding loss).
+relative positions, which run through both memories contiguously (Algorithm 1: mem ← concat(cmem,
+mem)): the two memories are a memory type of XL's layer loop (`memory.py:CompressiveSegment`,
+`TransformerXL.attend`). The parts are XL's own (`XLBlock`, `RelMultiHeadAttention`, the adaptive
+embedding and softmax): the class is a `TransformerXL` plus one f_c per layer (`compressors`), so its
+state dict is XL's plus `compressors.*` (and `decoders.*` with the auto-encoding loss).
 
 After the segment the memory is updated first-in first-out (`memory.py`); the evicted states are
 compressed by f_c and appended to the compressed memory. f_c is trained only by the
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.core.knob_groups import network_config
-from longctx.methods import fifo
+from longctx.methods.attention_kernel import at_least_float32, split_heads
 from longctx.methods.compressive_transformer.compression import (
     COMPRESSIONS,
     CompressionKind,
@@ -42,18 +42,12 @@ from longctx.methods.compressive_transformer.compression import (
 )
 from longctx.methods.compressive_transformer.memory import (
     CompressiveMemory,
+    CompressiveSegment,
     Eviction,
-    append_compressed,
     empty_compressive_memory,
-    evict,
-    evicted_count,
 )
 from longctx.methods.transformer_xl.network import TransformerXL
-from longctx.methods.transformer_xl.relative_attention import (
-    AttentionOutput,
-    RelMultiHeadAttention,
-    sinusoid_positions,
-)
+from longctx.methods.transformer_xl.relative_attention import AttentionOutput, RelMultiHeadAttention
 
 Reconstruction = Literal["attention", "autoencoding"]
 # The Config's fields beyond Transformer-XL's, in the order the network took them positionally before.
@@ -170,81 +164,32 @@ class CompressiveTransformer(TransformerXL):
         the loss that trains f_c; need_compressed_mass: the attention on the compressed memory;
         cache_kv (evaluation, no gradients): read the memories' keys and values from the memory's
         caches when it has them and return the new memory with them (`CompressiveMemory.kv`)."""
-        n = x.shape[1]
-        if len(memory.hidden) != self.n_layers:
-            raise ValueError(f"memory has {len(memory.hidden)} layers, the model {self.n_layers}")
-        n_cm = memory.compressed_valid.shape[1]
-        valid = torch.cat([memory.compressed_valid, memory.valid], dim=1)  # (B, P_cm + P_m)
-        h = self.drop(self.word_emb(x))  # (B, n, d)
-        pos_emb = self.drop(
-            sinusoid_positions(valid.shape[1] + n, self.d_model, clamp_len, h.device, h.dtype)
-        )
         compressing = cmem_len > 0
-        need_usage = compressing and self.compressors[0].needs_usage
-        e = evicted_count(memory.valid.shape[1], n, mem_len, self.compression_rate, compressing)
-        cached = cache_kv and memory.kv is not None and memory.compressed_kv is not None
-        inputs, attns, usage, mass = [], [], [], []
-        for i, layer in enumerate(self.layers):
-            inputs.append(h)
-            window = torch.cat([memory.compressed[i].to(h.dtype), memory.hidden[i].to(h.dtype)], dim=1)
-            # (2, B, H, P_cm + P_m, Dh), the window's keys and values as cached, or None: projected
-            window_kv = (
-                torch.cat([memory.compressed_kv[i], memory.kv[i]], dim=3).to(h.dtype) if cached else None
-            )
-            h, attn = layer(
-                h,
-                window,
-                valid,
-                pos_emb,
-                self.r_w_bias[i] if self.untie_r else self.r_w_bias,
-                self.r_r_bias[i] if self.untie_r else self.r_r_bias,
-                same_length=mem_len + cmem_len if same_length else None,
-                need_mass=need_mass,
-                need_weights=need_weights or need_usage or need_compressed_mass,
-                mem_kv=window_kv,
-            )
-            # Read from the attention weights (B, H, n, W), layer by layer: [cm (n_cm) ; m ; segment].
-            if need_usage:  # what each state to be evicted received, averaged over heads and queries
-                usage.append(attn.probs[..., n_cm : n_cm + e].mean(dim=(1, 2)).detach())
-            if need_compressed_mass:
-                mass.append(attn.probs[..., :n_cm].sum(-1).mean().detach())
-            if not need_weights:
-                attn.probs = attn.heads = None  # one layer's weights at a time
-            attns.append(attn)
-        eviction = evict(memory, inputs, mem_len, self.compression_rate, compressing)
-        new = None
-        if compressing and e > 0:
-            usage = usage or [None] * self.n_layers
+        segment = CompressiveSegment(
+            memory,
+            x.shape[1],
+            mem_len,
+            cmem_len,
+            same_length,
+            cache_kv,
+            self.compression_rate,
+            need_usage=compressing and self.compressors[0].needs_usage,
+            need_compressed_mass=need_compressed_mass,
+        )
+        hidden, attns = self.attend(x, segment, clamp_len, need_mass, need_weights)
+        eviction = segment.eviction()
+        new = new_valid = new_kv = None
+        if compressing and segment.fifo.evicted > 0:
+            usage = segment.usage or [None] * self.n_layers
             new = [f_c(old, u) for f_c, old, u in zip(self.compressors, eviction.evicted, usage)]
             new_valid = groups_valid(eviction.evicted_valid, self.compression_rate)
-        # Appended even when nothing is new, so a smaller n_cm (or 0) than the held slots applies at once.
-        compressed, compressed_valid = append_compressed(
-            memory,
-            new or [cm[:, :0] for cm in memory.compressed],
-            new_valid if new else memory.compressed_valid[:, :0],
-            cmem_len,
-        )
-        loss = self._reconstruction_loss(inputs, eviction, new) if need_reconstruction else None
-        caches = self._updated_caches(attns, n_cm, e, new, cmem_len) if cache_kv else (None, None)
-        new_memory = CompressiveMemory(eviction.hidden, eviction.valid, compressed, compressed_valid, *caches)
-        mass_per_layer = torch.stack(mass) if need_compressed_mass else None
-        return CompressiveOutput(self.drop(h), new_memory, attns, loss, mass_per_layer)
-
-    @torch.no_grad()
-    def _updated_caches(
-        self, attns: list[AttentionOutput], n_cm: int, evicted: int, new: list[Tensor] | None, cmem_len: int
-    ) -> tuple[list[Tensor], list[Tensor]]:
-        """The key/value caches of the new memories, per layer: the memory's from the keys and values
-        each layer computed for [cm ; m ; segment] (`AttentionOutput.kv`), with the same eviction as
-        the states (`evict`); the compressed memory's: the held slots', then the new compressed
-        states' projected by the layer once, with the same trimming as the slots (`append_compressed`)."""
-        kv, compressed_kv = [], []
-        for i, attn in enumerate(attns):
-            kv.append(fifo.split_evicted(attn.kv[:, :, :, n_cm:], evicted, dim=3).kept.clone())
-            held = attn.kv[:, :, :, :n_cm]
-            added = self.layers[i].attn.project_kv(new[i]) if new else held[:, :, :, :0]
-            compressed_kv.append(fifo.fifo_append(held, added.to(held.dtype), cmem_len, dim=3).kept)
-        return kv, compressed_kv
+            if cache_kv:  # each compressed slot projected once, when it enters its memory
+                with torch.no_grad():
+                    new_kv = [layer.attn.project_kv(cm) for layer, cm in zip(self.layers, new)]
+        loss = self._reconstruction_loss(segment.inputs, eviction, new) if need_reconstruction else None
+        new_memory = segment.kept(eviction, new, new_valid, new_kv)
+        mass_per_layer = torch.stack(segment.compressed_mass) if need_compressed_mass else None
+        return CompressiveOutput(hidden, new_memory, attns, loss, mass_per_layer)
 
     def _reconstruction_loss(
         self, inputs: list[Tensor], eviction: Eviction, new: list[Tensor] | None
@@ -270,7 +215,7 @@ def content_attention(attn: RelMultiHeadAttention, query: Tensor, memory: Tensor
     """attn(h, mem) of §3.2 (Algorithm 2) with the layer's weights detached: per head
     softmax(q kᵀ/√d_head) v over the valid memory slots, (B, H, n, Dh); LayerNorm first under pre-LN,
     as the layer does."""
-    H, Dh = attn.n_heads, attn.d_head
+    H = attn.n_heads
     w_q, w_k, w_v = (
         w.detach().flatten(0, 1) for w in (attn.query_weight(), attn.key_weight(), attn.value_weight())
     )
@@ -280,10 +225,10 @@ def content_attention(attn: RelMultiHeadAttention, query: Tensor, memory: Tensor
         query, memory = norm(query), norm(memory)
 
     def heads(t: Tensor, w: Tensor) -> Tensor:
-        return F.linear(t, w).view(*t.shape[:2], H, Dh).transpose(1, 2)
+        return split_heads(F.linear(t, w), H)  # (B, H, T, Dh)
 
     scores = heads(query, w_q) @ heads(memory, w_k).transpose(-1, -2) * attn.scale  # (B, H, n, e)
-    scores = scores.float().masked_fill(~valid[:, None, None, :], float("-inf"))
+    scores = at_least_float32(scores).masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row without a valid slot attends to nothing
     return probs.to(memory.dtype) @ heads(memory, w_v)
 

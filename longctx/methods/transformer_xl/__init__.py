@@ -16,11 +16,11 @@ Notation (the papers' symbols and where they live; files of this folder; § = XL
 | M (XL)    | memory kept per layer          | X 3.2 | module.py:TransformerXLLM.train_lengths,              |
 |           | (`mem_len`; longer at          |       | module.py:TransformerXLLM.eval_lengths                |
 |           | evaluation)                    |       |                                                       |
-| SG(·)     | stop-gradient: the memory is   | X 3.2 | memory.py:update_memory                               |
+| SG(·)     | stop-gradient: the memory is   | X 3.2 | memory.py:XLSegment.kept                              |
 |           | kept detached                  |       |                                                       |
-| h~_{τ+1}  | [SG(h_τ^{n−1}) ∘               | X 3.2 | relative_attention.py:RelMultiHeadAttention.forward,  |
-|           | h_{τ+1}^{n−1}]: memory, then   |       | network.py:TransformerXL.forward                      |
-|           | the segment                    |       |                                                       |
+| h~_{τ+1}  | [SG(h_τ^{n−1}) ∘               | X 3.2 | memory.py:XLSegment.window,                           |
+|           | h_{τ+1}^{n−1}]: memory, then   |       | relative_attention.py:KeyWindow,                      |
+|           | the segment                    |       | network.py:TransformerXL.attend                       |
 | q, k, v   | h W_qᵀ, h~ W_{k,E}ᵀ, h~ W_vᵀ   | X 3.2 | relative_attention.py:RelMultiHeadAttention.qkv_net   |
 |           | (one bias-free matrix, as the  |       |                                                       |
 |           | code)                          |       |                                                       |
@@ -71,11 +71,11 @@ Notation (the papers' symbols and where they live; files of this folder; § = XL
 |           | (`trams_metric`)               |       |                                                       |
 | top-k     | the k best older slots, in     | T 3   | trams.py:select_memory, trams.py:select_windows       |
 |           | time order                     |       |                                                       |
-| window    | [selected, kept, segment];     | code  | trams.py:window_index,                                |
-|           | positions `compact` (code) or  |       | trams.py:TramsSettings.positions                      |
-|           | `true`                         |       |                                                       |
-| oracle    | the slots of largest attention | ours  | trams.py:oracle_scores                                |
-|           | (analysis, not TRAMS)          |       |                                                       |
+| window    | [selected, kept, segment];     | code  | trams_pool.py:TramsSegment, trams.py:window_index,    |
+|           | positions `compact` (code) or  |       | trams.py:TramsSettings.positions,                     |
+|           | `true`                         |       | relative_attention.py:KeyWindow.true_positions        |
+| oracle    | the slots of largest attention | ours  | trams.py:oracle_scores,                               |
+|           | (analysis, not TRAMS)          |       | relative_attention.py:KeyWindow.select                |
 | cache     | each slot scored once, carried | ours  | memory.py:XLMemory.score,                             |
 |           | with its key                   |       | memory.py:XLMemory.score_matrix                       |
 | protocol  | TRAMS's evaluation: zero       | code  | memory.py:zero_memory, module.py:drop_last_scored     |
@@ -92,11 +92,13 @@ choice, "ours" = longctx's (exact, or an option that defaults to the code). n is
 memory.py:XLMemory.valid columns), H and Dh the heads and their size (`n_head`, `d_head`). Where more
 code sits: each head's W_Q⁽ʰ⁾ relative_attention.py:RelMultiHeadAttention.query_weight, the position
 keys W_{k,R}R relative_attention.py:RelMultiHeadAttention._positions, the TRAMS window attended by a
-layer relative_attention.py:RelMultiHeadAttention._trams_window. The released codes' names: u, v
+layer trams_pool.py:TramsSegment._gathered. The released codes' names: u, v
 `r_w_bias`, `r_r_bias`; m − k `remain_mem_num`, k `topk_num`; K′ `QKk`. The Transformer-XL paper's M
 (memory length) is `mem_len` here; M alone means TRAMS's pool.
 
-Files: `network.py` (pure PyTorch), `relative_attention.py` (A^rel), `memory.py` and `slot_store.py`
-(the memory and its evaluation cache), `trams.py` (the selection), `adaptive_softmax.py`, `flops.py`,
-`convert.py` (the authors' checkpoints), `module.py` (the LightningModule).
+Files: `network.py` (pure PyTorch, the one layer loop), `relative_attention.py` (A^rel over a
+`KeyWindow`), `memory.py` and `slot_store.py` (the memory, its per-segment `XLSegment` and its
+evaluation cache), `trams.py` (TRAMS's metric and selection) and `trams_pool.py` (its memory type),
+`adaptive_softmax.py`, `flops.py`, `convert.py` (the authors' checkpoints), `module.py` (the
+LightningModule).
 """

@@ -35,23 +35,21 @@ FLOPs = 2 × MACs (`longctx.flops`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from longctx.flops import flops_from_macs
-from longctx.methods.transformer_xl.trams import TramsSettings
+
+if TYPE_CHECKING:
+    from longctx.methods.transformer_xl.memory import MemoryLengths
+    from longctx.methods.transformer_xl.network import TransformerXLConfig
+    from longctx.methods.transformer_xl.trams import TramsSettings
 
 
 def macs_per_token(
-    n_layers: int,
-    d_model: int,
-    n_heads: int,
-    d_head: int,
-    d_inner: int,
+    config: TransformerXLConfig,
     vocab_size: int,
+    lengths: MemoryLengths,
     segment_length: int,
-    memory_length: int,
-    cutoffs: Sequence[int] = (),
-    d_embed: int | None = None,
-    div_val: int = 1,
     cache_kv: bool = False,
     trams: TramsSettings | None = None,
     scored_per_segment: int | None = None,
@@ -61,16 +59,18 @@ def macs_per_token(
     """Multiply-accumulates per scored token (forward pass); see the module docstring.
 
     Args:
-        n_layers, d_model, n_heads, d_head, d_inner, vocab_size: model sizes.
-        segment_length: n, tokens per segment; memory_length: P, memory slots (TRAMS: the pool M).
-        cutoffs, d_embed, div_val: the adaptive softmax (none: a full softmax over d_model).
+        config: the network's sizes and adaptive softmax (`TransformerXL.Config`; no cutoffs: a full
+            softmax over d_model); vocab_size: V.
+        lengths: the memory's (`lengths.mem_len`: P, memory slots; TRAMS: the pool M).
+        segment_length: n, tokens per segment.
         cache_kv: the memory's keys and values are carried, not projected again each segment.
         trams: TRAMS's m, m − k, metric and positions, or None (Transformer-XL).
         scored_per_segment: targets scored per segment row (default n; n − 1 under the TRAMS protocol).
         softmax_rows, embedding_rows: the adaptive softmax's and input's rows computed per token,
             per cluster (`output_macs`, `input_macs`; None: every cluster for every token).
     """
-    n, P, HD = segment_length, memory_length, n_heads * d_head
+    d_model, n_heads, d_head = config.d_model, config.n_heads, config.head_dim
+    n, P, HD = segment_length, lengths.mem_len, n_heads * d_head
     scored = n if scored_per_segment is None else scored_per_segment
     if not 0 < scored <= n:
         raise ValueError(f"scored_per_segment must be in (0, {n}], got {scored}")
@@ -99,11 +99,12 @@ def macs_per_token(
         + d_model * HD * position_rows / n
         + score_macs
         + HD * d_model
-        + 2 * d_model * d_inner
+        + 2 * d_model * config.d_inner
     )
+    cutoffs, d_embed, div_val = config.cutoffs, config.d_embed, config.div_val
     output = output_macs(d_model, vocab_size, cutoffs, d_embed, div_val, softmax_rows)
     embedding = input_macs(d_model, cutoffs, d_embed, div_val, embedding_rows)
-    return (n_layers * per_layer + embedding + output) * n / scored
+    return (config.n_layers * per_layer + embedding + output) * n / scored
 
 
 def _cluster_widths(d_model: int, n_clusters: int, d_embed: int | None, div_val: int) -> list[int]:

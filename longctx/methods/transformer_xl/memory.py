@@ -4,6 +4,13 @@ Each layer keeps the last `mem_len` of its inputs (the embedding output for laye
 a segment, memory_l = last mem_len of [memory_l, input_l]. The memory is an `XLMemory` (a NamedTuple,
 a pytree that `LMBase` detaches and carries across batches).
 
+A memory type meets the layers through one seam, `SegmentMemory` (the model: Hugging Face's
+`cache.update(k, v, layer_idx)`): over one segment it answers, per layer, which keys and values the
+layer attends at which positions with which validity (a `KeyWindow`), and, after the segment, what
+is kept. Transformer-XL's is `XLSegment`; TRAMS's pool (`trams_pool.py`) and the Compressive
+Transformer's two memories (`compressive_transformer/memory.py`) are others; the one layer loop
+(`TransformerXL.attend`) serves them all.
+
 `valid` marks slots that hold a real token. Transformer-XL's evaluation starts from an empty memory
 (P = 0); TRAMS's starts from a zero-filled one (P = mem_len zero states that are attended, as the
 released code's `init_mems`). A row that starts a new document gets its slots cleared: invalid
@@ -13,7 +20,7 @@ At evaluation the weights do not change, so a layer's memory keys and values (W_
 stored inputs h) can be cached with the memory instead of being projected again every segment (the
 released codes re-project them); that cache is exact and dropped whenever rows are reset. Under TRAMS
 with a key-only metric ("code", "paper") each slot's selection score is cached with its key the same
-way (`trams.py`): computed once, when the slot enters the pool, and dropped with the keys. The cached
+way (`trams_pool.py`): computed once, when the slot enters the pool, and dropped with the keys. The cached
 memory's tensors are views of buffers that the next segment appends to in place (`slot_store.py`).
 """
 
@@ -23,12 +30,17 @@ import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
-from longctx.methods.fifo import evicted_count, fifo_append, split_evicted
+from longctx.methods.fifo import fifo_step
+from longctx.methods.transformer_xl.relative_attention import (
+    AttentionOutput,
+    KeyWindow,
+    RelMultiHeadAttention,
+)
 from longctx.methods.transformer_xl.slot_store import SlotAppender, SlotCursor, SlotLayout
 
 Lengths = TypeVar("Lengths", bound="MemoryLengths")
@@ -76,7 +88,7 @@ class XLMemory(NamedTuple):
 
     hidden: per layer (B, P, d), the layer's last P inputs (layer 0: the embedding output).
     valid: (B, P) bool, the slot holds a real token (False: empty slot of a reset row, masked).
-    kv: per layer (2, B, H, P, Dh), the keys W_K h ([0], `key`) and values W_V h ([1], `value`) of
+    kv: per layer (2, B, H, P, Dh), the keys W_K h ([0], `key`) and values W_V h ([1]) of
         `hidden` (the evaluation key/value cache; one tensor, so that a TRAMS window gathers both
         with one copy), or None (the next segment projects `hidden` again).
     score: (L, B, H, P), per layer the TRAMS score of each cached key under the metric of the TRAMS
@@ -105,11 +117,6 @@ class XLMemory(NamedTuple):
         """Per layer the cached keys (B, H, P, Dh), or None."""
         return None if self.kv is None else [kv[0] for kv in self.kv]
 
-    @property
-    def value(self) -> list[Tensor] | None:
-        """Per layer the cached values (B, H, P, Dh), or None."""
-        return None if self.kv is None else [kv[1] for kv in self.kv]
-
     def slot_appender(self, n: int, keep: int) -> SlotAppender:
         """The appender that forms [memory, segment] of this memory's cached tensors (`slot_store.py`)."""
         return SlotAppender(self.SLOTS, self.slots, self.valid.shape[1], n, keep)
@@ -131,45 +138,102 @@ def zero_memory(
     return XLMemory(hidden, torch.ones(batch_size, mem_len, dtype=torch.bool, device=device))
 
 
-@torch.no_grad()
-def update_memory(
-    memory: XLMemory,
-    inputs: list[Tensor],
-    mem_len: int,
-    kv: list[Tensor] | None = None,
-    score: Tensor | None = None,
-    score_matrix: Tensor | None = None,
-    appender: SlotAppender | None = None,
-) -> XLMemory:
-    """Append each layer's segment input (B, n, d) to its memory and keep the last mem_len slots
-    (`longctx.methods.fifo`; the evicted states are dropped).
+class SegmentMemory(Protocol):
+    """A memory type over one segment: what the layer loop (`TransformerXL.attend`) asks of it.
 
-    kv: per layer the keys and values of [memory, segment] (2, B, H, P + n, Dh) to cache, or None;
-    score, score_matrix: the TRAMS scores of [memory, segment] (L, B, H, P + n) and the layers'
-    score matrices to cache (with kv), or None; appender: the `SlotAppender` that formed kv and
-    scores (with kv): the hidden states and validity are appended in place with them, and the new
-    memory views its store.
+    n_layers: the per-layer memories it holds; slots: the memory slots before the segment (P: the
+    position embeddings cover distances up to P + n − 1); needs_weights: its layers must return
+    their attention probabilities (read by `attended`). After the segment, the memory type's own
+    `kept(...)` gives the memory carried to the next one, its eviction decided once per segment.
     """
-    valid = memory.valid
-    B, n = inputs[0].shape[:2]
-    if appender is None:
-        new_valid = fifo_append(valid, valid.new_ones(B, n), mem_len).kept
-        hidden = [fifo_append(h.to(x.dtype), x.detach(), mem_len).kept for h, x in zip(memory.hidden, inputs)]
-    else:
-        join_valid = partial(appender.extend, "valid")
-        new_valid = fifo_append(valid, valid.new_ones(B, n), mem_len, join=join_valid).kept
+
+    n_layers: int
+    slots: int
+    needs_weights: bool
+
+    def window(self, layer: int, attn: RelMultiHeadAttention, h: Tensor) -> KeyWindow:
+        """The keys layer `layer` attends for its input h (B, n, d), projected by its attention `attn`
+        (`project_kv`); records what the kept memory needs of h."""
+        ...
+
+    def attended(self, layer: int, out: AttentionOutput) -> None:
+        """What layer `layer`'s attention gave (its probabilities when `needs_weights`)."""
+        ...
+
+
+class XLSegment:
+    """Transformer-XL's memory over one segment (§3.2): layer l attends h~ = [SG(memory_l), h_l], its
+    memory then its input, at relative positions P + n − 1 … 0, and keeps the last mem_len of it.
+
+    memory: what the previous segment kept; n: the segment's length; mem_len: the slots kept for the
+    next segment (the TRAMS pool M); same_length: every query sees at most mem_len keys
+    (`window_blocked`); cache_kv: carry the memory's keys and values with it (evaluation: exact while
+    the weights do not change; no gradient reaches W_K, W_V through cached keys), appended in place
+    without autograd (`slot_store.py`), else concatenated.
+    """
+
+    def __init__(
+        self, memory: XLMemory, n: int, mem_len: int, same_length: bool = False, cache_kv: bool = False
+    ):
+        B, P = memory.valid.shape
+        self.memory, self.n, self.cache_kv = memory, n, cache_kv
+        self.n_layers, self.slots, self.needs_weights = len(memory.hidden), P, False
+        self.same_length = mem_len if same_length else None
+        self.fifo = fifo_step(P, n, mem_len)  # the slots evicted after the segment, from every tensor
+        self.appender = memory.slot_appender(n, mem_len) if cache_kv and not torch.is_grad_enabled() else None
+        self.key_valid = torch.cat([memory.valid, memory.valid.new_ones(B, n)], dim=1)  # (B, P + n)
+        self.inputs: list[Tensor] = []  # per layer its input h_l (B, n, d)
+        self.kv: list[Tensor] = []  # per layer, with the cache, the keys and values (2, B, H, P + n, Dh)
+
+    def window(self, layer: int, attn: RelMultiHeadAttention, h: Tensor) -> KeyWindow:
+        self.inputs.append(h)
+        kv = self._keys_and_values(layer, attn, h)  # (2, B, H, P + n, Dh)
+        if self.cache_kv:
+            self.kv.append(kv)
+        return self._window(layer, attn, kv)
+
+    def attended(self, layer: int, out: AttentionOutput) -> None:
+        pass
+
+    def _keys_and_values(self, layer: int, attn: RelMultiHeadAttention, h: Tensor) -> Tensor:
+        """Keys and values of [memory, segment] (2, B, H, P + n, Dh): the cached memory's joined with
+        the segment's, else all projected (as the released codes do every segment)."""
+        if self.cache_kv and self.memory.kv is not None:
+            return self._join("kv", self.memory.kv[layer], attn.project_kv(h), layer)
+        mem = self.memory.hidden[layer]
+        return attn.project_kv(torch.cat([mem.to(h.dtype), h], dim=1) if self.slots else h)
+
+    def _window(self, layer: int, attn: RelMultiHeadAttention, kv: Tensor) -> KeyWindow:
+        """The window of layer `layer` from its keys and values of [memory, segment]: all of them."""
+        return KeyWindow(kv[0], kv[1], self.key_valid[:, None, :], self.same_length)
+
+    def _join(self, field: str, old: Tensor, new: Tensor, layer: int = 0) -> Tensor:
+        """[old, new] of one of `XLMemory.SLOTS`' fields: in place in the slot store, else a new tensor."""
+        if self.appender is None:
+            return XLMemory.SLOTS.cat(field, old, new)
+        return self.appender.extend(field, old, new, layer)
+
+    @torch.no_grad()
+    def kept(self) -> XLMemory:
+        """The memory after the segment: each layer's last mem_len of [memory, input], detached (SG),
+        with the cache their keys and values (and TRAMS's scores, `_kept_scores`)."""
+        valid = self.memory.valid
+        ones = valid.new_ones(valid.shape[0], self.n)
+        new_valid = self.fifo.append(valid, ones, join=partial(self._join, "valid")).kept
         hidden = [
-            fifo_append(h, x.detach(), mem_len, join=partial(appender.extend, "hidden", layer=i)).kept
-            for i, (h, x) in enumerate(zip(memory.hidden, inputs))
+            self.fifo.append(mem, h.detach(), join=partial(self._join, "hidden", layer=i)).kept
+            for i, (mem, h) in enumerate(zip(self.memory.hidden, self.inputs))
         ]
-    if kv is None:
-        return XLMemory(hidden, new_valid)
-    evicted = evicted_count(valid.shape[1], n, mem_len)  # kv and score hold [memory, segment] already
-    kv = [split_evicted(t, evicted, dim=-2).kept.detach() for t in kv]
-    if score is not None:
-        score = split_evicted(score, evicted, dim=-1).kept.detach()
-    slots = appender.cursor() if appender is not None else None  # every field is appended by now
-    return XLMemory(hidden, new_valid, kv, score, score_matrix, slots)
+        if not self.cache_kv:
+            return XLMemory(hidden, new_valid)
+        kv = [self.fifo.split(t, dim=3).kept.detach() for t in self.kv]
+        score, score_matrix = self._kept_scores()
+        slots = self.appender.cursor() if self.appender is not None else None  # every field is appended
+        return XLMemory(hidden, new_valid, kv, score, score_matrix, slots)
+
+    def _kept_scores(self) -> tuple[Tensor | None, Tensor | None]:
+        """The score cache kept with the keys (TRAMS, `XLMemory.score`, `score_matrix`): none here."""
+        return None, None
 
 
 def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:

@@ -122,11 +122,7 @@ class TransformerXLLM(LMBase):
             raise ValueError(f"mem_len ({mem_len}) and clamp_len ({clamp_len}) must be >= 0")
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
-        network, cutoffs_note = network.within_vocabulary(vocab_size)
-        if cutoffs_note:
-            rank_zero_info(cutoffs_note)
-        self.cutoffs = list(network.cutoffs)
-        self.net = network.build(vocab_size)
+        self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.train_lengths = MemoryLengths(mem_len, clamp_len, same_length)
         self.eval_lengths = evaluation.over(self.train_lengths)
         self.eval_cache_kv = evaluation.cache_kv
@@ -178,19 +174,11 @@ class TransformerXLLM(LMBase):
         """Forward FLOPs per scored token at evaluation with the full evaluation memory (TRAMS: the
         pool M, the attended window and the scoring; `flops.py`), the adaptive input and softmax counted
         for the tokens this evaluation computed (before any: every cluster for every token)."""
-        net, c = self.net, self.net.config
         return xl_flops.flops_per_token(
-            n_layers=net.n_layers,
-            d_model=net.d_model,
-            n_heads=net.n_heads,
-            d_head=net.d_head,
-            d_inner=c.d_inner,
-            vocab_size=self.vocab_size,
-            segment_length=segment_length,
-            memory_length=self.eval_lengths.mem_len,
-            cutoffs=self.cutoffs,
-            d_embed=c.d_embed,
-            div_val=c.div_val,
+            self.net.config,
+            self.vocab_size,
+            self.eval_lengths,
+            segment_length,
             cache_kv=self.eval_cache_kv,
             trams=self.trams,
             scored_per_segment=segment_length - 1 if self.protocol == "trams" else segment_length,

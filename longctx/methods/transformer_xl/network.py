@@ -14,8 +14,8 @@ N(0, proj_init_std) for adaptive projections, N(1, init_std) for LayerNorm weigh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 import torch
@@ -29,43 +29,21 @@ from longctx.methods.transformer_xl.adaptive_softmax import (
     ProjectedAdaptiveLogSoftmax,
     cutoffs_within,
 )
-from longctx.methods.transformer_xl.memory import XLMemory, empty_memory, update_memory, zero_memory
+from longctx.methods.transformer_xl.memory import (
+    SegmentMemory,
+    XLMemory,
+    XLSegment,
+    empty_memory,
+    zero_memory,
+)
 from longctx.methods.transformer_xl.relative_attention import (
     AttentionOutput,
+    KeyWindow,
     RelMultiHeadAttention,
     sinusoid_positions,
 )
-from longctx.methods.transformer_xl.trams import (
-    TramsSelection,
-    TramsSettings,
-    layer_scores,
-    score_matrix,
-    select_windows,
-)
-
-
-class PositionwiseFF(nn.Module):
-    """fc1 -> ReLU -> dropout -> fc2 -> dropout, with residual and LayerNorm (the code's `CoreNet`)."""
-
-    def __init__(
-        self,
-        d_model: int,
-        d_inner: int,
-        dropout: float,
-        pre_lnorm: bool = False,
-        layer_norm_eps: float = 1e-5,
-    ) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d_model, d_inner)
-        self.fc2 = nn.Linear(d_inner, d_model)
-        self.drop = nn.Dropout(dropout)
-        self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.pre_lnorm = pre_lnorm
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.pre_lnorm:
-            return x + self.drop(self.fc2(self.drop(F.relu(self.fc1(self.layer_norm(x))))))
-        return self.layer_norm(x + self.drop(self.fc2(self.drop(F.relu(self.fc1(x))))))
+from longctx.methods.transformer_xl.trams import TramsSettings
+from longctx.methods.transformer_xl.trams_pool import TramsSegment
 
 
 @dataclass(frozen=True)
@@ -138,18 +116,35 @@ class TransformerXLConfig:
     def build(self, vocab_size: int) -> TransformerXL:
         return TransformerXL(vocab_size, self)
 
-    def within_vocabulary(self, vocab_size: int) -> tuple[TransformerXLConfig, str | None]:
-        """This config with only the cutoffs inside `vocab_size` (`cutoffs_within`: a word-level
-        recipe read at byte level keeps a full softmax), and the line that says so, or None when every
-        cutoff is kept. The modules print it once (rank zero)."""
+    def build_within(self, vocab_size: int, say: Callable[[str], object]) -> TransformerXL:
+        """The network over `vocab_size` with only the cutoffs inside it (`cutoffs_within`: a
+        word-level recipe read at byte level keeps a full softmax), saying so with `say` when some
+        are dropped (the modules pass Lightning's `rank_zero_info`: one line, rank zero)."""
         kept = tuple(cutoffs_within(vocab_size, self.cutoffs))
         if kept == self.cutoffs:
-            return self, None
-        note = (
+            return self.build(vocab_size)
+        say(
             f"longctx: cutoffs {list(self.cutoffs)} reach past the vocabulary ({vocab_size}): "
             f"adaptive softmax cutoffs {list(kept) or 'none (a full softmax)'}"
         )
-        return replace(self, cutoffs=kept), note
+        return replace(self, cutoffs=kept).build(vocab_size)
+
+
+class PositionwiseFF(nn.Module):
+    """fc1 -> ReLU -> dropout -> fc2 -> dropout, with residual and LayerNorm (the code's `CoreNet`)."""
+
+    def __init__(self, config: TransformerXLConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, config.d_inner)
+        self.fc2 = nn.Linear(config.d_inner, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.pre_lnorm = config.pre_lnorm
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.pre_lnorm:
+            return x + self.drop(self.fc2(self.drop(F.relu(self.fc1(self.layer_norm(x))))))
+        return self.layer_norm(x + self.drop(self.fc2(self.drop(F.relu(self.fc1(x))))))
 
 
 class XLBlock(nn.Module):
@@ -157,21 +152,29 @@ class XLBlock(nn.Module):
 
     def __init__(self, config: TransformerXLConfig) -> None:
         super().__init__()
-        c = config
-        self.attn = RelMultiHeadAttention(
-            c.d_model, c.n_heads, c.head_dim, c.dropout, c.dropatt, c.pre_lnorm, c.layer_norm_eps, c.attention
-        )
-        self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm, c.layer_norm_eps)
+        self.attn = RelMultiHeadAttention(config)
+        self.ff = PositionwiseFF(config)
 
-    def forward(self, x: Tensor, *args, **kwargs) -> tuple[Tensor, AttentionOutput]:
-        attn = self.attn(x, *args, **kwargs)
+    def forward(
+        self,
+        x: Tensor,
+        window: KeyWindow,
+        pos_emb: Tensor,
+        u: Tensor,
+        v: Tensor,
+        need_mass: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, AttentionOutput]:
+        """x: (B, n, d) -> (B, n, d), and the attention's output (arguments: `RelMultiHeadAttention`)."""
+        attn = self.attn(x, window, pos_emb, u, v, need_mass, need_weights)
         return self.ff(attn.out), attn
 
 
 @dataclass
 class XLOutput:
     """hidden: (B, n, d) last-layer output (after dropout); memory: the updated memory; attn: per layer
-    the attention sub-layer's `AttentionOutput` (memory mass, TRAMS selections, weights if asked)."""
+    the attention sub-layer's `AttentionOutput` (the window attended: a TRAMS window's slots; memory
+    mass and weights if asked)."""
 
     hidden: Tensor
     memory: XLMemory
@@ -253,62 +256,50 @@ class TransformerXL(nn.Module):
         do not change; no gradient reaches W_K, W_V through cached memory keys), and under TRAMS with
         the "code" or "paper" metric each key's score (scored once, when it enters the pool; without
         cache_kv every segment projects and scores the pool again, as the released code)."""
-        n = x.shape[1]
-        hiddens, valid = memory.hidden, memory.valid
-        if len(hiddens) != self.n_layers:
-            raise ValueError(f"memory has {len(hiddens)} layers, the model {self.n_layers}")
-        P = valid.shape[1]
-        h = self.drop(self.word_emb(x))  # (B, n, d)
-        pos_emb = self.drop(sinusoid_positions(P + n, self.d_model, clamp_len, h.device, h.dtype))
-        limit = mem_len if same_length else None
-        cached = memory.kv if cache_kv else None
-        cache_scores = cache_kv and trams is not None and trams.scores_cacheable
-        scores = memory.score if cache_scores and cached is not None else None  # (L, B, H, P)
-        # The cache is formed in place without autograd (evaluation), else by concatenation.
-        appender = memory.slot_appender(n, mem_len) if cache_kv and not torch.is_grad_enabled() else None
-        selections = None  # with the score cache, every layer's TRAMS window is selected here, at once
-        if scores is not None and P > 0:
-            key_valid = torch.cat([valid, valid.new_ones(x.shape[0], n)], dim=1)  # (B, P + n)
-            selections = select_windows(scores, key_valid, trams, n)
-        inputs, attns = [], []
-        for i, (layer, mem) in enumerate(zip(self.layers, hiddens)):
-            inputs.append(h)
-            h, attn = layer(
-                h,
-                mem.to(h.dtype),
-                valid,
-                pos_emb,
-                self.r_w_bias[i] if self.untie_r else self.r_w_bias,
-                self.r_r_bias[i] if self.untie_r else self.r_r_bias,
-                same_length=limit,
-                trams=trams,
-                need_mass=need_mass,
-                need_weights=need_weights,
-                mem_kv=cached[i] if cached is not None else None,
-                mem_score=scores[i] if scores is not None else None,
-                need_score=cache_scores,
-                extend=partial(appender.extend, layer=i) if appender is not None else None,
-                selection=TramsSelection(*(t[i] for t in selections)) if selections is not None else None,
-            )
-            attns.append(attn)
-        kv = [a.kv for a in attns] if cache_kv else None
-        score = S = None
-        if cache_scores:  # score the segment's keys of every layer at once, append them to the cache
-            S = memory.score_matrix if scores is not None else self._score_matrices(trams)
-            pool = scores if scores is not None else torch.stack([a.score for a in attns])
-            join = appender.extend if appender is not None else XLMemory.SLOTS.cat
-            score = join("score", pool, layer_scores([t[0, :, :, P:] for t in kv], S))
-        new_memory = update_memory(memory, inputs, mem_len, kv, score, S, appender)
-        return XLOutput(self.drop(h), new_memory, attns)
+        segment = self.segment_memory(memory, x.shape[1], mem_len, same_length, trams, cache_kv)
+        hidden, attns = self.attend(x, segment, clamp_len, need_mass, need_weights)
+        return XLOutput(hidden, segment.kept(), attns)
 
-    def _score_matrices(self, trams: TramsSettings) -> Tensor:
-        """Every layer's `trams.score_matrix`, stacked: (L, H, Dh, ·)."""
-        return torch.stack([score_matrix(layer.attn.query_weight(), trams.metric) for layer in self.layers])
+    @staticmethod
+    def segment_memory(
+        memory: XLMemory, n: int, mem_len: int, same_length: bool, trams: TramsSettings | None, cache_kv: bool
+    ) -> XLSegment:
+        """The memory type over a segment of n tokens: TRAMS's pool (`trams_pool.py`) with `trams`,
+        else Transformer-XL's memory (`memory.py`)."""
+        if trams is None:
+            return XLSegment(memory, n, mem_len, same_length, cache_kv)
+        return TramsSegment(memory, n, mem_len, same_length, cache_kv, trams)
+
+    def attend(
+        self,
+        x: Tensor,
+        memory: SegmentMemory,
+        clamp_len: int,
+        need_mass: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[AttentionOutput]]:
+        """The layer loop of the XL family: x (B, n) token ids through the embedding and every layer,
+        each attending the keys its memory answers (`SegmentMemory.window`) at relative positions from
+        P + n − 1 (P = memory.slots) down to 0, capped at clamp_len (0 = none). Returns the last
+        layer's output after dropout (B, n, d) and per layer its `AttentionOutput` (the probabilities
+        only with need_weights: a memory type that reads them gets each layer's in turn)."""
+        if memory.n_layers != self.n_layers:
+            raise ValueError(f"memory has {memory.n_layers} layers, the model {self.n_layers}")
+        h = self.drop(self.word_emb(x))  # (B, n, d)
+        pos_emb = self.drop(
+            sinusoid_positions(memory.slots + x.shape[1], self.d_model, clamp_len, h.device, h.dtype)
+        )
+        attns = []
+        for i, layer in enumerate(self.layers):
+            window = memory.window(i, layer.attn, h)
+            u, v = (self.r_w_bias[i], self.r_r_bias[i]) if self.untie_r else (self.r_w_bias, self.r_r_bias)
+            h, attn = layer(h, window, pos_emb, u, v, need_mass, need_weights or memory.needs_weights)
+            memory.attended(i, attn)
+            if not need_weights:
+                attn.probs = attn.heads = None  # one layer's weights at a time
+            attns.append(attn)
+        return self.drop(h), attns
 
     def nll(self, hidden: Tensor, target: Tensor) -> Tensor:
         """Per-token NLL in nats: hidden (B, n, d), target (B, n) -> (B, n)."""
         return self.crit(hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)).view(target.shape)
-
-    def log_prob(self, hidden: Tensor) -> Tensor:
-        """(B, n, d) -> (B, n, V) log-probabilities."""
-        return self.crit.log_prob(hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:-1], -1)

@@ -24,7 +24,10 @@ kept rather than the kernel's zeros) and code compiled by torch.compile run the 
 term read per distance from the unshifted (q + v)·r table, the masks formed in its `score_mod`; the
 same fallbacks as "sdpa", and a step that records a gradient runs "sdpa" (`attention_kernel`).
 
-A layer can also attend to a TRAMS-selected window of its memory (`longctx.methods.transformer_xl.trams`).
+What a layer attends is its memory's answer, a `KeyWindow` (keys, values, their validity and
+positions): Transformer-XL's [memory, segment] (`memory.py:XLSegment`), a TRAMS window of the pool
+(`trams_pool.py:TramsSegment`), the Compressive Transformer's [compressed memory, memory, segment];
+the attention knows nothing of where the keys came from.
 """
 
 from __future__ import annotations
@@ -32,24 +35,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel, flex_or_sdpa
-from longctx.methods.transformer_xl.flex_relative import distance_table, relative_flex_attention
-from longctx.methods.transformer_xl.memory import XLMemory
-from longctx.methods.transformer_xl.trams import (
-    TramsSelection,
-    TramsSettings,
-    gather_rows,
-    oracle_scores,
-    select_windows,
-    trams_scores,
-    window_index,
+from longctx.methods.attention_kernel import (
+    AttentionKernel,
+    at_least_float32,
+    check_attention_kernel,
+    flex_or_sdpa,
+    merge_heads,
+    split_heads,
 )
+from longctx.methods.transformer_xl.flex_relative import distance_table, relative_flex_attention
 
 
 def sinusoid_positions(
@@ -103,20 +103,27 @@ def window_blocked(key_valid: Tensor, n: int, same_length: int | None = None) ->
 
 
 class KeyWindow(NamedTuple):
-    """The keys a segment's n queries attend: [memory (or its TRAMS-selected window), segment].
+    """The keys one layer's n queries attend, as its memory answers them: the seam between a memory
+    type (`memory.py:SegmentMemory`) and the attention.
 
-    k, v: (B, H, W, Dh); valid: (B, H|1, W) whether each key holds a token; r: (H, W, Dh) the
-    projected relative positions W−1 … 0 (the position term is rel_shift((q + v)·r)), or None when
-    bd is given; bd: (B, H, n, W) the position term itself (TRAMS's true positions), else None;
-    same_length: the keys-per-query limit of `window_blocked`, or None.
+    k, v: (B, H, W, Dh) keys and values, the segment's n last; valid: (B, H|1, W) whether each key
+    holds a token; same_length: the keys-per-query limit of `window_blocked`, or None.
+    slots: None when the window is [memory, segment] itself, else (B, H, W) the slot of
+    [memory, segment] (n_slots of them) each key comes from (a TRAMS window).
+    true_positions: the position term at each key's own distance, n_slots − n + i − slots_j (TRAMS's
+    "true" positions), else at the window's compact distances W − n + i − j.
+    select: None, or the window to attend instead, chosen from this window's attention probabilities
+    (B, H, n, W): a choice that depends on the queries (TRAMS's oracle).
     """
 
     k: Tensor
     v: Tensor
     valid: Tensor
-    r: Tensor | None
-    bd: Tensor | None
-    same_length: int | None
+    same_length: int | None = None
+    slots: Tensor | None = None
+    n_slots: int = 0
+    true_positions: bool = False
+    select: Callable[[Tensor], KeyWindow] | None = None
 
     def blocked(self, n: int) -> Tensor:
         """The (query, key) pairs that may not attend: (B, H|1, n, W)."""
@@ -125,62 +132,53 @@ class KeyWindow(NamedTuple):
 
 @dataclass
 class AttentionOutput:
-    """out: (B, n, d) layer output; mem_mass: mean over (B, H, n) of the probability on the attended
-    memory keys (None unless asked); selected: (B, H, k) TRAMS-selected pool indices or None; pool,
-    kept: the pool's slots P and kept block under TRAMS (for `window`); probs: (B, H, n, W) and
-    heads: (B, H, n, Dh) per-head attention vectors (only with `need_weights`); kv: keys [0] and
-    values [1] of [memory, segment] (2, B, H, P + n, Dh) before any selection (for a key/value
-    cache); score: TRAMS scores of the memory's P slots (B, H, P) when `need_score` scored them (to
-    start the score cache)."""
+    """out: (B, n, d) layer output; window: the `KeyWindow` attended; mem_mass: mean over (B, H, n) of
+    the probability on the keys before the segment's (None unless asked); probs: (B, H, n, W) and
+    heads: (B, H, n, Dh) per-head attention vectors (only with `need_weights`)."""
 
     out: Tensor
+    window: KeyWindow
     mem_mass: Tensor | None = None
-    selected: Tensor | None = None
-    pool: int = 0
-    kept: int = 0
     probs: Tensor | None = None
     heads: Tensor | None = None
-    kv: Tensor | None = None
-    score: Tensor | None = None
+
+
+class AttentionConfig(Protocol):
+    """What the attention reads of its network's Config (`TransformerXL.Config`, which this file cannot
+    import: the network imports it)."""
+
+    d_model: int
+    n_heads: int
+    dropout: float
+    dropatt: float
+    pre_lnorm: bool
+    layer_norm_eps: float
+    attention: AttentionKernel
 
     @property
-    def window(self) -> Tensor | None:
-        """(B, H, W) the attended positions in [pool, segment] under TRAMS, else None (computed on
-        demand: the forward needs only the selected slots)."""
-        if self.selected is None:
-            return None
-        return window_index(self.selected, self.pool, self.kept, self.out.shape[1])
+    def head_dim(self) -> int: ...
 
 
 class RelMultiHeadAttention(nn.Module):
     """One XL attention sub-layer, with its residual and LayerNorm (the code's `dec_attn`).
 
-    attention: "sdpa" (fused, default), "eager" (op by op, as the code) or "flex" (compiled, evaluation);
-    see the module docstring.
+    config: the network's Config; its `attention`: "sdpa" (fused, default), "eager" (op by op, as the
+    code) or "flex" (compiled, evaluation), see the module docstring.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_head: int,
-        dropout: float,
-        dropatt: float = 0.0,
-        pre_lnorm: bool = False,
-        layer_norm_eps: float = 1e-5,
-        attention: AttentionKernel = "sdpa",
-    ) -> None:
+    def __init__(self, config: AttentionConfig) -> None:
         super().__init__()
-        check_attention_kernel(attention)
-        self.attention = attention
-        self.n_heads, self.d_head, self.pre_lnorm = n_heads, d_head, pre_lnorm
-        self.qkv_net = nn.Linear(d_model, 3 * n_heads * d_head, bias=False)
-        self.r_net = nn.Linear(d_model, n_heads * d_head, bias=False)
-        self.o_net = nn.Linear(n_heads * d_head, d_model, bias=False)
-        self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.drop = nn.Dropout(dropout)
-        self.dropatt = nn.Dropout(dropatt)
-        self.scale = 1.0 / math.sqrt(d_head)
+        check_attention_kernel(config.attention)
+        self.attention = config.attention
+        d_model, self.n_heads, self.d_head = config.d_model, config.n_heads, config.head_dim
+        self.pre_lnorm = config.pre_lnorm
+        self.qkv_net = nn.Linear(d_model, 3 * self.n_heads * self.d_head, bias=False)
+        self.r_net = nn.Linear(d_model, self.n_heads * self.d_head, bias=False)
+        self.o_net = nn.Linear(self.n_heads * self.d_head, d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = nn.Dropout(config.dropatt)
+        self.scale = 1.0 / math.sqrt(self.d_head)
 
     def query_weight(self) -> Tensor:
         """Each head's query projection W_Q⁽ʰ⁾: (H, Dh, D)."""
@@ -200,45 +198,48 @@ class RelMultiHeadAttention(nn.Module):
         HD = self.n_heads * self.d_head
         return self.qkv_net.weight[block * HD : (block + 1) * HD].view(self.n_heads, self.d_head, -1)
 
-    def _heads(self, x: Tensor) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
-
     def project_kv(self, states: Tensor) -> Tensor:
         """Keys and values (2, B, H, T, Dh) of layer inputs `states` (B, T, d), as this layer projects
-        its memory and segment (LayerNorm first under pre-LN): what a key/value cache holds for them."""
+        its memory and segment (LayerNorm first under pre-LN): what a memory attends and caches."""
+        B, T, _ = states.shape
         states_in = self.layer_norm(states) if self.pre_lnorm else states
-        return self._kv_heads(F.linear(states_in, self.qkv_net.weight[self.n_heads * self.d_head :]))
-
-    def _kv_heads(self, x: Tensor) -> Tensor:
-        """Projected keys and values (B, T, 2·H·Dh) -> (2, B, H, T, Dh), a view."""
-        B, T, _ = x.shape
-        return x.view(B, T, 2, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        kv = F.linear(states_in, self.qkv_net.weight[self.n_heads * self.d_head :])  # (B, T, 2·H·Dh)
+        return kv.view(B, T, 2, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
 
     def _positions(self, pos_emb: Tensor, W: int) -> Tensor:
         """Projected relative positions W−1 … 0: (H, W, Dh) (pos_emb holds positions klen−1 … 0)."""
-        r = self.r_net(pos_emb[pos_emb.shape[0] - W :])
-        return r.view(W, self.n_heads, self.d_head).transpose(0, 1)
+        return split_heads(self.r_net(pos_emb[pos_emb.shape[0] - W :]), self.n_heads)
 
-    def _scores(self, q: Tensor, window: KeyWindow, u: Tensor, vb: Tensor) -> Tensor:
-        """(q + u)·k + rel_shift((q + v)·r), or + bd when the position term is given: (B, H, n, W)."""
+    def _by_distance(self, qv: Tensor, window: KeyWindow, pos_emb: Tensor) -> Tensor:
+        """qv·r of every query and distance W−1 … 0 of a compact window, unshifted: (B, H, n, W)
+        (qv: the queries plus v, (B, H, n, Dh))."""
+        return qv @ self._positions(pos_emb, window.k.shape[2]).transpose(-1, -2)
+
+    def _position_term(self, qv: Tensor, window: KeyWindow, pos_emb: Tensor) -> Tensor:
+        """(b) + (d): qv·r of every query and key (B, H, n, W), the relative shift of `_by_distance`,
+        or at the keys' true distances (gathered from the shifted term over all n_slots slots)."""
+        if not window.true_positions:
+            return rel_shift(self._by_distance(qv, window, pos_emb))
+        r = self._positions(pos_emb, window.n_slots)
+        by_slot = rel_shift(qv @ r.transpose(-1, -2))  # (B, H, n, P + n)
+        return by_slot.gather(3, window.slots[:, :, None, :].expand(-1, -1, qv.shape[2], -1))
+
+    def _scores(self, q: Tensor, window: KeyWindow, pos_emb: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        """A^rel / √Dh = [(q + u)·k + (q + v)·r] / √Dh, the code's op order: (B, H, n, W)."""
         ac = (q + u[:, None, :]) @ window.k.transpose(-1, -2)
-        bd = window.bd
-        if bd is None:
-            bd = rel_shift((q + vb[:, None, :]) @ window.r.transpose(-1, -2))
-        return (ac + bd) * self.scale
+        return (ac + self._position_term(q + v[:, None, :], window, pos_emb)) * self.scale
 
-    def _fused(self, q: Tensor, window: KeyWindow, u: Tensor, vb: Tensor) -> Tensor:
-        """softmax([(q + u)·k + bd] / √Dh, −inf where blocked) @ v by one fused kernel: (B, H, n, Dh).
+    def _softmax(self, q: Tensor, window: KeyWindow, pos_emb: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        """softmax over the keys of the scores, −inf where blocked, in at least float32: (B, H, n, W)."""
+        scores = at_least_float32(self._scores(q, window, pos_emb, u, v))
+        return torch.softmax(scores.masked_fill(window.blocked(q.shape[2]), float("-inf")), dim=-1)
 
-        bd: the window's position term (B, H, n, W), else rel_shift((q + v)·r) (its garbage above the
-        diagonal is blocked, as in eager); it enters as the kernel's additive mask, scaled, −inf where
-        blocked.
-        """
-        if window.bd is None:  # the scale folded into the (B, H, n, Dh) queries rather than the scores
-            bias = rel_shift(((q + vb[:, None, :]) * self.scale) @ window.r.transpose(-1, -2))
-        else:
-            bias = window.bd * self.scale
+    def _fused(self, q: Tensor, window: KeyWindow, pos_emb: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        """softmax([(q + u)·k + (q + v)·r] / √Dh, −inf where blocked) @ v by one fused kernel:
+        (B, H, n, Dh). The position term enters as the kernel's additive mask, the scale folded into
+        the (B, H, n, Dh) queries, −inf where blocked (the relative shift's garbage above the diagonal
+        included, as in eager)."""
+        bias = self._position_term((q + v[:, None, :]) * self.scale, window, pos_emb)
         bias.masked_fill_(window.blocked(q.shape[2]), float("-inf"))  # a fresh tensor: filled in place
         dropout_p = self.dropatt.p if self.training else 0.0
         return F.scaled_dot_product_attention(
@@ -250,169 +251,71 @@ class RelMultiHeadAttention(nn.Module):
             scale=self.scale,
         )
 
-    def _flex(self, q: Tensor, window: KeyWindow, u: Tensor, vb: Tensor) -> Tensor:
+    def _flex(self, q: Tensor, window: KeyWindow, pos_emb: Tensor, u: Tensor, v: Tensor) -> Tensor:
         """The attention of `_fused` by compiled `flex_attention` (evaluation): (B, H, n, Dh).
 
-        The position term enters unshifted, as the table ((q + v) / √Dh)·r of each query and
-        distance that the kernel reads per pair, the causal and same_length masks as its −inf
-        columns (`distance_table`), or bd / √Dh when given (TRAMS's true positions) with every mask
-        as −inf; missing keys are masked by the kernel."""
-        if window.bd is None:  # the scale folded into the (B, H, n, Dh) queries, as in `_fused`
-            position = ((q + vb[:, None, :]) * self.scale) @ window.r.transpose(-1, -2)
-            table = distance_table(position, window.same_length)
+        The position term of a compact window enters unshifted, as the table ((q + v) / √Dh)·r of
+        each query and distance that the kernel reads per pair, the causal and same_length masks as
+        its −inf columns (`distance_table`); at true positions as the term of each (query, key) with
+        every mask as −inf; missing keys are masked by the kernel."""
+        qv = (q + v[:, None, :]) * self.scale  # the scale folded into the queries, as in `_fused`
+        if not window.true_positions:
+            table = distance_table(self._by_distance(qv, window, pos_emb), window.same_length)
             # A key missing (after a document reset): checked by the kernel (one more graph).
             checked = None if window.valid.all() else window.valid
         else:
-            table = (window.bd * self.scale).masked_fill(window.blocked(q.shape[2]), float("-inf"))
+            table = self._position_term(qv, window, pos_emb).masked_fill(
+                window.blocked(q.shape[2]), float("-inf")
+            )
             checked = None
+        by_distance = not window.true_positions
         return relative_flex_attention(
-            q + u[:, None, :], window.k, window.v, table.to(q.dtype), checked, self.scale, window.bd is None
+            q + u[:, None, :], window.k, window.v, table.to(q.dtype), checked, self.scale, by_distance
         )
 
-    @staticmethod
-    def _softmax(scores: Tensor, blocked: Tensor) -> Tensor:
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-        return torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
+    def _kernel(self, q: Tensor, window: KeyWindow, need_probs: bool) -> AttentionKernel:
+        """The kernel this call runs: eager when the probabilities are asked for, when a query has no
+        key (same_length 0: eager's NaN kept) and under torch.compile (compiling the fused path's
+        training graph did not finish in 20 min on the 2-core CPU; eager's: about 2 min)."""
+        if (
+            self.attention == "eager"
+            or need_probs
+            or window.same_length == 0
+            or torch.compiler.is_compiling()
+        ):
+            return "eager"
+        return flex_or_sdpa(self.attention, torch.is_grad_enabled() and q.requires_grad)
 
     def forward(
         self,
         x: Tensor,
-        mem: Tensor,
-        mem_valid: Tensor,
-        pos_emb: Tensor,
-        r_w_bias: Tensor,
-        r_r_bias: Tensor,
-        same_length: int | None = None,
-        trams: TramsSettings | None = None,
-        need_mass: bool = False,
-        need_weights: bool = False,
-        mem_kv: Tensor | None = None,
-        mem_score: Tensor | None = None,
-        need_score: bool = False,
-        extend: Callable[[str, Tensor, Tensor], Tensor] | None = None,
-        selection: TramsSelection | None = None,
-    ) -> AttentionOutput:
-        """x: (B, n, d) segment; mem: (B, P, d) memory (P may be 0); mem_valid: (B, P) bool;
-        pos_emb: (klen >= P + n, d) sinusoid of positions klen−1 … 0; r_w_bias, r_r_bias: (H, Dh);
-        same_length: keys per query limit (see `window_blocked`); trams: attend to a TRAMS window of
-        the memory (at most `trams.attended` keys) instead of all of it; mem_kv: the memory's keys
-        and values (2, B, H, P, Dh) when cached (evaluation), else they are projected from mem;
-        mem_score: the TRAMS scores (B, H, P) of the cached keys `mem_kv[0]` (the score cache), else
-        the selectable slots are scored now; need_score: without `mem_score`, score all P memory
-        slots and return them (`AttentionOutput.score`, to start the score cache; the segment's keys
-        are scored by the network, all layers at once); extend: how the cached memory's keys and
-        values are joined with the segment's, extend(field, memory's, segment's) (the network's
-        `SlotAppender`, in place), else `XLMemory.SLOTS.cat`; selection: this layer's TRAMS window when the
-        network selected every layer's from the score cache (`trams.select_windows`), else it is
-        selected here."""
-        B, n, _ = x.shape
-        P = mem.shape[1]
-        HD = self.n_heads * self.d_head
-        w_q, w_kv = self.qkv_net.weight[:HD], self.qkv_net.weight[HD:]
-        x_in = self.layer_norm(x) if self.pre_lnorm else x
-        q = self._heads(F.linear(x_in, w_q))  # (B, H, n, Dh); the code also projects the memory's queries
-        join = extend or XLMemory.SLOTS.cat
-        if mem_kv is not None:
-            kv = join("kv", mem_kv, self._kv_heads(F.linear(x_in, w_kv)))
-        else:
-            kv = self.project_kv(torch.cat([mem, x], dim=1) if P else x)  # of (B, P + n, d)
-        key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, n)], dim=1)[:, None, :]  # (B, 1, P + n)
-        score = mem_score  # (B, H, P): each slot scored once, when it enters the pool (the score cache)
-        if need_score and mem_score is None:
-            if trams is None or not trams.scores_cacheable:
-                raise ValueError("need_score needs TRAMS with the 'code' or 'paper' metric")
-            # Slots without a token score −inf: never preferred to real ones.
-            score = trams_scores(kv[0, :, :, :P], self.query_weight(), trams.metric)
-            score = score.masked_fill(~key_valid[..., :P], float("-inf"))
-        selected = None
-        # kv[0], kv[1]: (B, H, P + n, Dh) each; kv is what a key/value cache keeps
-        window = KeyWindow(kv[0], kv[1], key_valid, None, None, same_length)
-        if trams is not None and P > 0:
-            selected, window = self._trams_window(
-                q, kv, key_valid, pos_emb, r_w_bias, r_r_bias, trams, same_length, score, selection
-            )
-        W = window.k.shape[2]
-        if window.bd is None:
-            window = window._replace(r=self._positions(pos_emb, W))
-        probs = mem_mass = None
-        # Under torch.compile the eager ops are compiled (inductor fuses them): compiling the fused
-        # path's training graph did not finish in 20 min on the 2-core CPU (eager's: about 2 min).
-        fused = self.attention != "eager" and not torch.compiler.is_compiling()
-        kernel = "eager"
-        if fused and not (need_mass or need_weights) and window.same_length != 0:
-            kernel = flex_or_sdpa(self.attention, torch.is_grad_enabled() and q.requires_grad)
-        if kernel == "flex":
-            attn = self._flex(q, window, r_w_bias, r_r_bias)  # (B, H, n, Dh)
-        elif kernel == "sdpa":
-            attn = self._fused(q, window, r_w_bias, r_r_bias)  # (B, H, n, Dh)
-        else:
-            scores = self._scores(q, window, r_w_bias, r_r_bias)  # (B, H, n, W)
-            probs = self._softmax(scores, window.blocked(n))  # (B, H, n, W)
-            mem_mass = probs[..., : W - n].sum(-1).mean() if need_mass else None
-            attn = self.dropatt(probs).to(window.v.dtype) @ window.v  # (B, H, n, Dh)
-        out = self.drop(self.o_net(attn.transpose(1, 2).reshape(B, n, -1)))
-        out = x + out if self.pre_lnorm else self.layer_norm(x + out)
-        return AttentionOutput(
-            out=out,
-            mem_mass=mem_mass,
-            selected=selected,
-            pool=P,
-            kept=min(trams.kept, P) if trams is not None else 0,
-            probs=probs if need_weights else None,
-            heads=attn if need_weights else None,
-            kv=kv,
-            score=score if need_score and mem_score is None else None,
-        )
-
-    def _trams_window(
-        self,
-        q: Tensor,
-        kv: Tensor,
-        key_valid: Tensor,
+        window: KeyWindow,
         pos_emb: Tensor,
         u: Tensor,
-        vb: Tensor,
-        trams: TramsSettings,
-        same_length: int | None,
-        score: Tensor | None = None,
-        selection: TramsSelection | None = None,
-    ) -> tuple[Tensor, KeyWindow]:
-        """Select the attended window [selected, kept, segment] of the pool (per batch row and head).
-
-        score: the slots' TRAMS scores (B, H, >= P − kept), −inf where a slot holds no token, when
-        known (the score cache), else the selectable slots are scored here; selection: the window
-        already selected (from the score cache, by the network). Returns the selected pool
-        indices (B, H, k) and the `KeyWindow`: keys, values (B, H, W, Dh), key validity (B, H, W),
-        for true positions the position term bd (B, H, n, W) (None for compact positions: the caller
-        projects the last W sinusoid rows as r), and same_length m (the attended keys) if set. The
-        window's keys and values are one `index_select` of their W rows each (`gather_rows`), from
-        the cache's buffer or this segment's projection: on CPU faster than gathering the k selected
-        rows and concatenating the kept block.
-        """
-        n = q.shape[2]
-        k = kv[0]  # (B, H, P + n, Dh)
-        P = k.shape[2] - n
-        n_selectable = max(P - trams.kept, 0)  # the older slots; [n_selectable:] = kept + segment
-        full_bd = None
-        if trams.positions == "true" or trams.metric == "oracle":
-            r_full = self._positions(pos_emb, P + n)
-            full_bd = rel_shift((q + vb[:, None, :]) @ r_full.transpose(-1, -2))  # (B, H, n, P + n)
-        if selection is None:
-            if trams.metric == "oracle":
-                pool = KeyWindow(k, kv[1], key_valid, None, full_bd, same_length)
-                probs = self._softmax(self._scores(q, pool, u, vb), pool.blocked(n))
-                metric = oracle_scores(probs, n_selectable)
-            elif score is not None:  # cached: already −inf where a slot holds no token
-                metric = score[..., :n_selectable]
-            else:
-                metric = trams_scores(k[:, :, :n_selectable], self.query_weight(), trams.metric)
-            if score is None:  # missing slots (empty memory of a reset row) are never preferred
-                metric = metric.masked_fill(~key_valid[..., :n_selectable], float("-inf"))
-            selection = select_windows(metric, key_valid[:, 0], trams, n)
-        selected, rows, valid_w = selection  # rows: (B, H, W) the window's positions in [pool, segment]
-        k_w, v_w = gather_rows(rows, kv)  # one index_select for both, the kept block included
-        bd = None
-        if trams.positions == "true":
-            bd = full_bd.gather(3, rows[:, :, None, :].expand(-1, -1, n, -1))
-        window_same_length = trams.attended if same_length is not None else None
-        return selected, KeyWindow(k_w, v_w, valid_w, None, bd, window_same_length)
+        v: Tensor,
+        need_mass: bool = False,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """x: (B, n, d) the segment; window: the keys it attends (its memory's answer, see `KeyWindow`);
+        pos_emb: (klen, d) sinusoid of positions klen−1 … 0 (klen >= W, and >= the window's n_slots);
+        u, v: (H, Dh) the content and position biases (the code's r_w_bias, r_r_bias); need_mass: the
+        mean probability on the keys before the segment's; need_weights: the probabilities and the
+        per-head vectors (both run the eager ops)."""
+        n = x.shape[1]
+        x_in = self.layer_norm(x) if self.pre_lnorm else x
+        q = split_heads(F.linear(x_in, self.qkv_net.weight[: self.n_heads * self.d_head]), self.n_heads)
+        if window.select is not None:  # the window its queries' attention chooses
+            window = window.select(self._softmax(q, window, pos_emb, u, v))
+        kernel, probs = self._kernel(q, window, need_mass or need_weights), None
+        if kernel == "flex":
+            attn = self._flex(q, window, pos_emb, u, v)  # (B, H, n, Dh)
+        elif kernel == "sdpa":
+            attn = self._fused(q, window, pos_emb, u, v)  # (B, H, n, Dh)
+        else:
+            probs = self._softmax(q, window, pos_emb, u, v)  # (B, H, n, W)
+            attn = self.dropatt(probs).to(window.v.dtype) @ window.v  # (B, H, n, Dh)
+        out = self.drop(self.o_net(merge_heads(attn)))  # (B, n, d)
+        out = x + out if self.pre_lnorm else self.layer_norm(x + out)
+        mem_mass = probs[..., : window.k.shape[2] - n].sum(-1).mean() if need_mass else None
+        weights = (probs, attn) if need_weights else (None, None)
+        return AttentionOutput(out, window, mem_mass, *weights)

@@ -24,9 +24,9 @@ the older slots, per layer, head and batch row. What the released code (lwaekfjl
   the key/value cache the keys are projected again every segment, and so scored again (the released
   computation; the projection dominates that path anyway).
 - The segment's keys are never selectable in their own segment (the selectable slots are the pool's
-  older ones), so with the score cache the network scores every layer's new keys at once, after the
-  layers, in one batched product (`layer_scores`), and selects every layer's window at once, before
-  the layers, from the cached scores of the pools (`select_windows`).
+  older ones), so with the score cache TRAMS's memory type (`trams_pool.py`) scores every layer's new
+  keys at once, after the layers, in one batched product (`layer_scores`), and selects every layer's
+  window at once, before the layers, from the cached scores of the pools (`select_windows`).
 - The window [selected, kept, segment] is gathered with one `index_select` of whole rows for keys
   and values together (`gather_rows`), from the cache's buffers, which the segment's keys and values
   are appended to in place (`slot_store.py`): no pool-sized copy per segment.
@@ -46,6 +46,8 @@ from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
+
+from longctx.methods.attention_kernel import at_least_float32
 
 Metric = Literal["code", "paper", "oracle"]
 Positions = Literal["compact", "true"]
@@ -99,8 +101,7 @@ def query_factor(w_q: Tensor) -> tuple[Tensor, Tensor]:
     """w_q: (H, Dh, D), each head's query projection. Returns R (H, Dh, Dh), the triangular factor of
     W_Qᵀ = QR (Q with orthonormal columns), and s = W_Q 1 (H, Dh), so that ‖W_Qᵀk‖ = ‖Rk‖ and
     Σ(W_Qᵀk) = s·k: the reformulated key's norm and sum from d_head-sized products."""
-    exact = w_q if w_q.dtype in (torch.float32, torch.float64) else w_q.float()  # no half-precision QR
-    R = torch.linalg.qr(exact.transpose(-1, -2)).R.to(w_q.dtype)
+    R = torch.linalg.qr(at_least_float32(w_q).transpose(-1, -2)).R.to(w_q.dtype)  # no half-precision QR
     return R, w_q.sum(-1)
 
 
@@ -119,19 +120,20 @@ def score_matrix(w_q: Tensor, metric: Literal["code", "paper"] = "code") -> Tens
     return torch.cat([R.transpose(-1, -2), s[..., None]], dim=-1)
 
 
-def layer_scores(keys: Sequence[Tensor], S: Tensor) -> Tensor:
-    """Scores (L, B, H, n) of every layer's keys keys[l] (B, H, n, Dh) with its `score_matrix` S[l]
-    (S: (L, H, Dh, ·)): ‖K′‖·|ΣK′| = ‖Rk‖·|s·k| ("code", Dh + 1 columns) or ΣK′/√D ("paper", 1).
+def layer_scores(keys: Sequence[Tensor], matrices: Tensor) -> Tensor:
+    """Scores (L, B, H, n) of every layer's keys keys[l] (B, H, n, Dh) with its `score_matrix`
+    matrices[l] (matrices: (L, H, Dh, ·)): ‖K′‖·|ΣK′| = ‖Rk‖·|s·k| ("code", Dh + 1 columns) or
+    ΣK′/√D ("paper", 1).
 
     One batched product for all layers and heads, (B·n × Dh) @ (Dh × ·) each: with the score cache
     only the segment's n keys per layer are scored, once, after the layers (a key entering the pool
     is not selectable in its own segment), so a handful of small operations serve every layer.
     """
-    L, H, Dh, columns = S.shape
+    L, H, Dh, columns = matrices.shape
     B, _, n, _ = keys[0].shape
-    S = S if S.dtype == keys[0].dtype else S.to(keys[0].dtype)
+    matrices = matrices if matrices.dtype == keys[0].dtype else matrices.to(keys[0].dtype)
     rows = torch.stack([k.transpose(0, 1) for k in keys]).view(L * H, B * n, Dh)  # one copy
-    y = torch.bmm(rows, S.view(L * H, Dh, columns))  # (L·H, B·n, Dh + 1) or (L·H, B·n, 1)
+    y = torch.bmm(rows, matrices.view(L * H, Dh, columns))  # (L·H, B·n, Dh + 1) or (L·H, B·n, 1)
     score = y[..., 0] if columns == 1 else _norm_times_abs_sum(y)
     return score.view(L, H, B, n).transpose(1, 2)
 
@@ -152,12 +154,13 @@ def trams_scores(k: Tensor, w_q: Tensor, metric: Literal["code", "paper"] = "cod
 
 def oracle_scores(probs: Tensor, n_selectable: int) -> Tensor:
     """probs: (B, H, n, W) attention probabilities over the full window (pool first); returns the
-    probability mass each of the first `n_selectable` keys receives, summed over queries (B, H, S)."""
+    probability mass each of the first `n_selectable` keys receives, summed over queries
+    (B, H, n_selectable)."""
     return probs[..., :n_selectable].sum(-2)
 
 
 def select_memory(scores: Tensor, k: int) -> Tensor:
-    """Indices of the k best scores along the last dim, in time order: (B, H, S) -> (B, H, k)."""
+    """Indices of the k best scores along the last dim, in time order: (B, H, N) -> (B, H, k)."""
     k = min(k, scores.shape[-1])
     return scores.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
 
