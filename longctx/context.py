@@ -52,7 +52,7 @@ import torch
 from matplotlib.figure import Figure
 
 from longctx.atomic import atomic_path, write_text_atomic
-from longctx.callbacks.sigterm import SIGINT_EXIT_CODE, ctrl_c_exit_code
+from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoints.saving import readable_size
 from longctx.cli import PARSER_KWARGS, USER_ERRORS, LongCtxCLI, ensure_wandb_mode, run_name_from_env
@@ -62,7 +62,7 @@ from longctx.diagnostics import positions, recl
 from longctx.diagnostics.axes import Axis, AxisError, Variant, axis_named, default_axis, variants
 from longctx.diagnostics.figures import by_key_figure, context_figure
 from longctx.diagnostics.footprint import available_bytes, evaluation_bytes
-from longctx.errors import debug_enabled, exit_with_error, one_line
+from longctx.errors import SIGINT_EXIT_CODE, debug_enabled, exit_with_error, one_line
 from longctx.run_folder import command_in
 from longctx.run_layout import DEFAULT_ROOT, run_directory
 

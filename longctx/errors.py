@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import NoReturn
 
 DEBUG_ENV = "LONGCTX_DEBUG"
+# The exit status of a command stopped by Ctrl-C (as a shell reports a process killed by SIGINT).
+SIGINT_EXIT_CODE = 128 + signal.SIGINT
 
 
 def debug_enabled() -> bool:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.atomic import write_json_atomic
-from longctx.errors import one_line
+from longctx.errors import SIGINT_EXIT_CODE, one_line
 from longctx.run_layout import LOCK, METRICS, SUMMARY, WANDB, old_run_directory
 from longctx.run_lock import lock_if_launching
 
@@ -299,7 +298,7 @@ class Command:
 def _is_ctrl_c(error: BaseException) -> bool:
     """Ctrl-C, as Python raises it or as a command turned it into its exit code 130."""
     return isinstance(error, KeyboardInterrupt) or (
-        isinstance(error, SystemExit) and error.code == 128 + signal.SIGINT
+        isinstance(error, SystemExit) and error.code == SIGINT_EXIT_CODE
     )
 
 

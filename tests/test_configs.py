@@ -74,13 +74,18 @@ def cli_parser() -> Any:
 
 def resolve(config: Path) -> dict[str, Any]:
     """What `python -m longctx fit --config <config> --print_config` prints, as a dict."""
+    return resolve_arguments(["--config", str(config)])
+
+
+def resolve_arguments(arguments: list[str]) -> dict[str, Any]:
+    """What `python -m longctx fit <arguments> --print_config` prints, as a dict."""
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            cli_parser().parse_args(["fit", "--config", str(config), "--print_config"])
+            cli_parser().parse_args(["fit", *arguments, "--print_config"])
     except SystemExit as exit_:
         if exit_.code not in (0, None):
-            raise AssertionError(f"{config} does not parse (the error is printed above)") from None
+            raise AssertionError(f"{arguments} do not parse (the error is printed above)") from None
         return yaml.safe_load(out.getvalue())
     raise AssertionError("--print_config did not exit")
 

@@ -8,21 +8,17 @@ and the first XL and RPE fit lines are the recipes with memory 128 and 0.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
-import shlex
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.test_configs import cli_parser
+from tests.test_compare import option, sweep_lines
+from tests.test_configs import resolve_arguments
 
 REPO = Path(__file__).resolve().parents[1]
-SWEEP = REPO / "slurm" / "sweeps" / "recall_tiny.txt"
 METHODS = (
     "xl", "rpe", "compressive", "adaptive_span", "fixed_span", "window_transformer", "gpt2_window",
     "recurrent_gpt2", "recurrent_memory",
@@ -32,12 +28,7 @@ LR = "--model.init_args.optimizer.init_args.lr"
 
 
 def lines() -> list[list[str]]:
-    parsed = [shlex.split(line, comments=True) for line in SWEEP.read_text().splitlines()]
-    return [args for args in parsed if args]
-
-
-def option(args: list[str], flag: str) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else None
+    return sweep_lines("recall_tiny.txt")
 
 
 def configs(args: list[str]) -> list[str]:
@@ -72,11 +63,7 @@ def test_every_method_has_three_learning_rates_and_three_seeds():
 
 def resolve_line(args: list[str]) -> dict[str, Any]:
     """What the line's `fit` resolves to (its configs and flags, run name aside)."""
-    flags = [a for a in args[1:] if a != "--run_name" and not a.startswith("recall_tiny/")]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        cli_parser().parse_args(["fit", *flags, "--print_config"])
-    return yaml.safe_load(out.getvalue())
+    return resolve_arguments([a for a in args[1:] if a != "--run_name" and not a.startswith("recall_tiny/")])
 
 
 def first_fit(method: str) -> list[str]:

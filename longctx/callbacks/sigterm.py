@@ -45,10 +45,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from longctx.errors import SIGINT_EXIT_CODE
 from longctx.run_layout import LAST_CHECKPOINT, checkpoint_dir
 
 EXIT_CODE = 128 + signal.SIGTERM
-SIGINT_EXIT_CODE = 128 + signal.SIGINT
 
 
 class CheckpointOnSigterm(pl.Callback):

@@ -37,6 +37,9 @@ _REFUSED_GLOBAL = re.compile(
 )
 # Modules `os` re-exports: a global of theirs is named as `os.<name>`, as its author wrote it.
 _OS_MODULES = ("posix", "nt")
+# What random bytes drive the unpickler's stack machine into (pop from an empty stack, a memo key
+# never put): the file is not a pickle torch wrote.
+_GARBLED_PICKLE = (IndexError, KeyError, TypeError, AttributeError, AssertionError, OverflowError)
 # Lines of torch's weights_only message that say how to load anyway, not what was refused.
 _WEIGHTS_ONLY_NOISE = ("Weights only load failed", "Check the documentation", "Please file an issue")
 
@@ -67,12 +70,7 @@ def load_tensors_file(path: str | Path, mmap: bool = False) -> Any:
         raise NotACheckpoint(_unreadable(path, reason)) from err
     except PermissionError as err:
         raise NotACheckpoint(f"{path}: cannot read it ({err.strerror})") from err
-    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as err:
-        reason = "an incomplete zip archive" if zipped else "not a zip archive: truncated or another kind"
-        raise NotACheckpoint(_unreadable(path, reason)) from err
-    except (IndexError, KeyError, TypeError, AttributeError, AssertionError, OverflowError) as err:
-        # Random bytes drive the unpickler's stack machine into any of these (pop from an empty
-        # stack, a memo key never put): the file is not a pickle torch wrote.
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, *_GARBLED_PICKLE) as err:
         reason = "an incomplete zip archive" if zipped else "not a zip archive: truncated or another kind"
         raise NotACheckpoint(_unreadable(path, reason)) from err
 
