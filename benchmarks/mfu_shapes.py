@@ -172,6 +172,12 @@ CT_PG19 = dict(
 CT_TINY = dict(n_layers=2, d_model=32, n_heads=2, d_inner=64, compression_rate=2, mem_len=16, cmem_len=8)
 GPT2_SMALL = dict(gpt2_config={"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024})
 GPT2_TINY = dict(gpt2_config={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64}, insert_layer=1)
+# configs/base/recurrent_memory.yaml: m = 16 memory tokens on GPT-2 small, every block checkpointed.
+RMT_GPT2_SMALL = dict(**GPT2_SMALL, memory_cell={"num_mem_tokens": 16}, checkpoint_blocks=True)
+RMT_TINY = dict(
+    gpt2_config={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64},
+    memory_cell={"num_mem_tokens": 2},
+)
 XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
 UNCACHED = {"eval_cache_kv": False}  # training's count: the memory projected again every segment
 
@@ -243,6 +249,17 @@ BENCHES: dict[str, Bench] = {
         "K = 20 windows, backprop through them window by window with checkpointing; 16 rows (the "
         "paper trains 1: one GPU is filled with rows)",
         config="configs/recurrent_gpt2_wt103.yaml",
+        kernel_knob="attn_implementation",
+        flex=False,
+    ),
+    "recurrent_memory": Bench(
+        "longctx.methods.recurrent_memory.module.RecurrentMemoryLM",
+        paper=Scale(50_257, RMT_GPT2_SMALL, Step(16, 512, windows=2), Step(16, 512, windows=2)),
+        tiny=Scale(64, RMT_TINY, Step(2, 16, windows=2), Step(2, 16, windows=2)),
+        shape="the Recurrent Memory Transformer (Bulatov et al. 2022) on GPT-2 small, random weights (no "
+        "hub): T = 512, m = 16 memory tokens read and written, K = 2 segments backpropagated through, "
+        "every block checkpointed (the authors' scripts); 16 rows (the scripts' global batch is 64)",
+        config="configs/recurrent_memory_gpt2_wt103.yaml",
         kernel_knob="attn_implementation",
         flex=False,
     ),
