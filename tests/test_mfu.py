@@ -119,6 +119,7 @@ def test_paper_shapes_build_and_count_the_papers_numbers(mfu):
         ("adaptive_span", "train"), ("adaptive_span", "eval"),
         ("compressive_transformer", "train"), ("compressive_transformer", "eval"),
         ("recurrence", "train"), ("recurrence", "eval"),
+        ("recurrent_memory", "train"), ("recurrent_memory", "eval"),
     }  # fmt: skip
     xl = rows["transformer_xl", "train"]
     assert xl["params"] == 151_107_538  # Dai et al. 2019, Table 1: the base model's 151M
@@ -135,6 +136,11 @@ def test_paper_shapes_build_and_count_the_papers_numbers(mfu):
     # GPT-2 small at T = 300: Kaplan's count 1.754e8 (the paper's 1.75e8) plus the LM head.
     gpt2 = rows["recurrence", "train"]["forward_flops_per_token"] - 2 * 768 * 50_257
     assert gpt2 / 1.75e8 == pytest.approx(1, abs=0.005)
+    # The Recurrent Memory Transformer runs GPT-2 small over 512 + 2·16 = 544 positions per 512 scored
+    # tokens: Kaplan's 2N + 2·n_layer·n_ctx·d at n_ctx 544, times 544/512, plus the LM head.
+    rmt = rows["recurrent_memory", "train"]["forward_flops_per_token"] - 2 * 768 * 50_257
+    kaplan = 2 * 12 * 12 * 768**2 + 2 * 12 * 544 * 768
+    assert rmt / (kaplan * 544 / 512) == pytest.approx(1, abs=0.005)
     # The Compressive Transformer's cache saves the keys and values of n_m + n_cm − n/c = 768 slots
     # per segment of 512: 2 projections d × d, 1.5 slots per token, 36 layers (the module's own count,
     # tests/test_compressive_transformer.py::test_flops_are_what_an_evaluation_step_computes).
@@ -193,6 +199,20 @@ def test_recurrent_gpt2_shape_is_its_config_but_for_the_weights_and_rows(shapes)
     assert lm.hparams["window_recurrence"] == init_args["window_recurrence"]
     assert init_args["pretrained"] == "gpt2" and lm.lm.config.n_layer == 12 and lm.lm.config.n_embd == 768
     assert (bench.paper.train.length, bench.paper.train.windows) == (300, 20)
+
+
+def test_recurrent_memory_shape_is_its_config_but_for_the_weights_and_rows(shapes):
+    """configs/recurrent_memory_gpt2_wt103.yaml with GPT-2 small's sizes instead of the hub's weights."""
+    bench = shapes.BENCHES["recurrent_memory"]
+    init_args = xl_init_args("recurrent_memory_gpt2_wt103.yaml")
+    lm = bench.build(bench.paper, "train", "meta")
+    assert lm.hparams["checkpoint_blocks"] == init_args["checkpoint_blocks"]
+    assert lm.memory_cell.num_mem_tokens == init_args["memory_cell"]["num_mem_tokens"]
+    resolved = yaml.safe_load((RESOLVED / "recurrent_memory_gpt2_wt103.yaml").read_text())
+    assert (bench.paper.train.length, bench.paper.train.windows) == (
+        resolved["data.tgt_len"],
+        resolved["data.windows_per_batch"],
+    )
 
 
 # ------------------------------------------------------------------ rows on the CPU
