@@ -18,7 +18,8 @@ from longctx.core.base import detach_memory
 from longctx.core.data_facts import DataMismatch
 from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
-from tests.methods import VOCAB, tiny_adaptive_span, tiny_transformer_xl
+from tests.lm_fixtures import SyntheticData, cpu_trainer
+from tests.methods import VOCAB, tiny_adaptive_span, tiny_compressive_transformer, tiny_transformer_xl
 
 L, K = 8, 3
 
@@ -37,6 +38,19 @@ def xl(tbptt_segments: int, n_layers: int = 2):
     return model.train()
 
 
+def adaptive_span(tbptt_segments: int, n_layers: int = 2):
+    """A tiny adaptive span (its caches hold 32 states: four segments back in one hop)."""
+    torch.manual_seed(0)
+    return tiny_adaptive_span(dropout=0.0, n_layers=n_layers, tbptt_segments=tbptt_segments).train()
+
+
+def embedding(model) -> torch.nn.Module:
+    return model.net.word_emb if hasattr(model.net, "word_emb") else model.net.in_emb
+
+
+METHODS = {"transformer_xl": xl, "adaptive_span": adaptive_span}
+
+
 def outside_a_trainer(model):
     """`training_step` without a Trainer: one process, nothing logged."""
     model._trainer = SimpleNamespace(world_size=1)
@@ -44,8 +58,9 @@ def outside_a_trainer(model):
     return model
 
 
-def test_k_segments_per_batch_are_k_detached_steps_bit_for_bit_forward():
-    tbptt, plain = xl(K), xl(1)
+@pytest.mark.parametrize("method", list(METHODS))
+def test_k_segments_per_batch_are_k_detached_steps_bit_for_bit_forward(method):
+    tbptt, plain = METHODS[method](K), METHODS[method](1)
     plain.load_state_dict(tbptt.state_dict())
     batches = segment_batches(K)[:4]
     assert any(batch["reset"][:, 1:].any() for batch in batches)  # a document starts inside a batch
@@ -60,7 +75,8 @@ def test_k_segments_per_batch_are_k_detached_steps_bit_for_bit_forward():
             assert torch.equal(out.mask[:, i], segment["mask"])
 
 
-def test_the_gradient_reaches_k_minus_1_segments_back_and_not_k():
+@pytest.mark.parametrize("method", list(METHODS))
+def test_the_gradient_reaches_k_minus_1_segments_back_and_not_k(method):
     embedded: list[torch.Tensor] = []
 
     def record(module, args, output):
@@ -68,8 +84,8 @@ def test_the_gradient_reaches_k_minus_1_segments_back_and_not_k():
         embedded.append(output)
 
     # Three layers reach three segments back through the memory; a batch spans k = 3.
-    model = outside_a_trainer(xl(K, n_layers=3))
-    model.net.word_emb.register_forward_hook(record)
+    model = outside_a_trainer(METHODS[method](K, n_layers=3))
+    embedding(model).register_forward_hook(record)
     first, second = segment_batches(K)[:2]
     last_only = {**second, "mask": second["mask"].clone()}
     last_only["mask"][:, : K - 1] = False  # the loss of the batch's last segment alone
@@ -108,9 +124,9 @@ def test_batches_of_another_number_of_segments_are_one_line_errors():
     with pytest.raises(DataMismatch, match=r"hold 1 segment per row .*: set data\.windows_per_batch: 2$"):
         xl(2)._train_segments(one)
     with pytest.raises(
-        DataMismatch, match=r"^AdaptiveSpanLM trains on one segment per batch \(it has no tbptt"
+        DataMismatch, match=r"^CompressiveTransformerLM trains on one segment per batch \(it has no"
     ):
-        tiny_adaptive_span().train()._train_segments(batch)
+        tiny_compressive_transformer().train()._train_segments(batch)
     with pytest.raises(ValueError, match=r"^tbptt_segments must be 1 or more, got 0$"):
         tiny_transformer_xl(tbptt_segments=0)
 
@@ -142,3 +158,22 @@ def test_segment_mode_windows_per_batch_groups_the_segment_stream_and_resumes_ex
     resumed.load_state_dict(stream.state_dict())
     for expected, got in zip(batches[2:], resumed, strict=True):
         assert all(torch.equal(expected[key], got[key]) for key in expected)
+
+
+class GroupedData(SyntheticData):
+    """The synthetic segments, k per training batch."""
+
+    def train_dataloader(self) -> SegmentStream:
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        return SegmentStream(
+            self.tokens, self.batch_size, self.seq_len, windows_per_batch=K, rank=rank, world_size=world
+        )
+
+
+def test_a_fit_trains_on_k_segments_per_step(tmp_path):
+    torch.manual_seed(0)
+    model = tiny_transformer_xl(tbptt_segments=K)
+    trainer = cpu_trainer(tmp_path, max_steps=2, limit_val_batches=1, val_check_interval=2)
+    trainer.fit(model, datamodule=GroupedData(n_tokens=401, batch_size=2, seq_len=L))
+    assert trainer.global_step == 2 and torch.isfinite(trainer.callback_metrics["train/loss"])
+    assert trainer.callback_metrics["val/loss"] > 0  # evaluation reads one segment per batch
