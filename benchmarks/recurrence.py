@@ -1,5 +1,5 @@
 """Peak memory and throughput of backprop through K windows: no recomputation, per-window checkpointing,
-and the window-by-window reverse backward (`longctx/methods/recurrence/bptt.py`).
+and the window-by-window reverse backward (`longctx/methods/bptt.py`).
 
 Yoshida et al. 2020 §3.2: with gradient checkpointing per window only the window inputs, z_i and h_prev,i
 are kept, so training on K windows needs about the memory of one window (M + 2k⌈N/T⌉) at the cost of

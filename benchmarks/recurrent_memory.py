@@ -7,7 +7,7 @@ FFN; the Recurrent Memory Transformer (Bulatov et al. 2022) runs every window ov
 memory tokens read before it and m written after it), so its cost grows with m through every layer.
 Backward modes, paired like with like: `none` (one graph over the K windows, nothing recomputed, for
 both) and `lean` (the recurrent GPT-2's window-by-window reverse backward, `window_by_window`; the
-memory transformer's segment-by-segment one, `checkpoint_segments`: the same `recurrence/bptt.py`).
+memory transformer's segment-by-segment one, `checkpoint_segments`: the same `methods/bptt.py`).
 Each configuration runs in a fresh process, `--repeats` times round robin; the ratios divide each
 memory-transformer run by the recurrent GPT-2's run of the same K and mode in the same repeat, and
 print their min and median. Peak memory as in `benchmarks/recurrence.py` (`fastest_step_and_peak`).

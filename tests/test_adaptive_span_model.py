@@ -326,6 +326,7 @@ def test_the_module_from_its_network_group_equals_the_one_from_flat_keywords():
         "network": network,
         "span_loss": 5e-07,
         "eval_span_cap": 8,
+        "tbptt_segments": 1,
     }
     assert grouped.net.config == flat.net.config == NETWORK
     assert_same_weights(grouped, flat)

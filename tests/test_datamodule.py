@@ -105,6 +105,7 @@ def test_bpe_windows_and_word_counts(tmp_path):
         ({"mode": "windows", "windows_per_batch": 0}, r"^data\.windows_per_batch must be a positive"),
         ({"mode": "windows", "train_wrap": "random_offset"}, "train_wrap: random_offset"),
         ({"corpus": "pg19", "train_wrap": "random_offset"}, "train_wrap: random_offset"),
+        ({"train_wrap": "random_offset", "windows_per_batch": 3}, "serves one segment per batch"),
     ],
 )
 def test_bad_options_are_clear_errors(tmp_path, kwargs, message):

@@ -123,15 +123,14 @@ SHARED_METHOD_PARTS = {
         "SegmentMemory",
     },
     "longctx/methods/transformer_xl/flops.py": {"macs_per_token"},
-    # The recurrent GPT-2's Hugging Face surface and its segment-by-segment backward, on which the
-    # Recurrent Memory Transformer runs its GPT-2.
+    # The recurrent GPT-2's Hugging Face surface, on which the Recurrent Memory Transformer runs its
+    # GPT-2.
     "longctx/methods/recurrence/hf.py": {
         "HF_CONFIG_KEY",
         "build_lm",
         "drop_output_capturing_hooks",
         "restore_after_unpickling",
     },
-    "longctx/methods/recurrence/bptt.py": {"reverse_window_bptt"},
 }
 
 

@@ -1,4 +1,4 @@
-"""Backprop through K windows window by window in reverse (`longctx/methods/recurrence/bptt.py`):
+"""Backprop through K windows window by window in reverse (`longctx/methods/bptt.py`):
 the same loss and gradients as one backward through all windows, one gradient per parameter per
 step (what DDP's reducer needs), and the same gradients under 2-process DDP; the memory-lean options
 (every block checkpointed, the LM head's loss in chunks) change none of it."""

@@ -13,6 +13,10 @@ and a memory into per-token losses:
   (`target_marks`), the recall accuracy `{stage}/recall_acc*` (`longctx.core.recall`);
 - the memory lifecycle: one memory per stage, fresh at every epoch start, detached after every
   training step, so a validation in the middle of an epoch never disturbs the training memory;
+- truncated backpropagation through time over k segments (`tbptt_segments`, a segment-mode method's
+  knob): a training batch holds k consecutive segments per row (B, k, L), run in order with the
+  memory carried *with* its gradient, detached only at the batch's end (Lightning's optimizer steps
+  cannot share a graph); the loss is the mean over the k segments' scored tokens;
 - the optimizer wiring: `optimizer` / `lr_scheduler` callables from the config;
 - the RNG state in each checkpoint, so a resumed run draws the dropout masks the uninterrupted run
   would have drawn (the carried memory is not saved: it restarts empty).
@@ -35,7 +39,7 @@ from torch.utils._pytree import tree_map
 from torchmetrics import SumMetric
 
 from longctx.core import rng_state
-from longctx.core.data_facts import BatchMode, LMDataFacts, check_data_facts
+from longctx.core.data_facts import BatchMode, DataMismatch, LMDataFacts, check_data_facts
 from longctx.core.knob_groups import flatten_knobs, fold_flat, knob_path, plain
 from longctx.core.recall import RecallScorer
 from longctx.core.spawn_exit import register_spawn_strategies
@@ -106,6 +110,11 @@ class LMBase(pl.LightningModule):
     # Set by the base while `step` runs an evaluation batch that needs `StepOutput.correct` (the split
     # has marks, or a per-token writer is attached); a method computes the argmax only then.
     wants_correct: bool = False
+    # Segment mode: the k segments of each row a training batch holds, through which the gradient
+    # flows along the memory (truncated BPTT); 1: every step's memory is detached (the default). A
+    # method that can carry its memory's graph takes it as its `tbptt_segments` knob, and its `step`
+    # then returns the memory undetached in training.
+    tbptt_segments: int = 1
 
     def __init__(
         self,
@@ -229,12 +238,15 @@ class LMBase(pl.LightningModule):
 
     # ------------------------------------------------------------------ memory lifecycle
     def _memory_for(self, stage: str, batch: dict[str, Tensor]) -> Memory:
-        """The stage's carried memory, with rows that start a new document cleared.
+        """The stage's carried memory, with rows that start a new document cleared (`_rows_reset`)."""
+        return self._rows_reset(stage, batch, self._memory[stage])
+
+    def _rows_reset(self, stage: str, batch: dict[str, Tensor], memory: Memory) -> Memory:
+        """`memory` (fresh when None) with the rows that start a new document in `batch` cleared.
 
         Segment mode (`reset` of shape (B,)) is handled here; in window mode (`reset` (B, K)) the
         reset can fall inside the batch, so the method's `step` applies it window by window.
         """
-        memory = self._memory[stage]
         reset = batch["reset"]
         if memory is not None and reset.dim() == 1 and stage == "train":
             return self.reset_memory_rows(memory, reset)  # no host sync per training step
@@ -277,8 +289,10 @@ class LMBase(pl.LightningModule):
 
     # ------------------------------------------------------------------ steps
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        memory = self._memory_for("train", batch)
-        out = self.step(batch, memory)
+        if self.batch_mode == "segments":
+            out = self._train_segments(batch)
+        else:
+            out = self.step(batch, self._memory_for("train", batch))
         self._memory["train"] = detach_memory(out.memory)
         mask = batch["mask"] if out.mask is None else out.mask
         nll_sum = (out.nll.float() * mask).sum()
@@ -298,6 +312,47 @@ class LMBase(pl.LightningModule):
         self._log_step_logs("train", out.logs)
         self._train_tokens = global_tokens.detach()  # a tensor: read on the host only when logged
         return loss
+
+    def _train_segments(self, batch: dict[str, Tensor]) -> StepOutput:
+        """A segment-mode training batch: one segment (B, L), or the `tbptt_segments` = k segments
+        (B, k, L) of truncated BPTT, run in order with the memory carried undetached (rows reset per
+        segment). Returns the k segments' NLL and mask (B, k, L), the last memory, and the mean over
+        segments of the extra loss and of the logs."""
+        k = 1 if batch["input"].dim() == 2 else batch["input"].shape[1]
+        if k != self.tbptt_segments:
+            raise DataMismatch(self._tbptt_mismatch(k))
+        memory = self._memory["train"]
+        if batch["input"].dim() == 2:
+            return self.step(batch, self._rows_reset("train", batch, memory))
+        outs = []
+        for i in range(k):
+            segment = {key: value[:, i] for key, value in batch.items()}
+            out = self.step(segment, self._rows_reset("train", segment, memory))
+            memory = out.memory
+            outs.append((out, segment["mask"] if out.mask is None else out.mask))
+        extra = [out.extra_loss for out, _ in outs if out.extra_loss is not None]
+        return StepOutput(
+            nll=torch.stack([out.nll for out, _ in outs], 1),
+            memory=memory,
+            extra_loss=sum(extra) / k if extra else None,
+            logs={name: sum(out.logs[name] for out, _ in outs) / k for name in outs[0][0].logs},
+            mask=torch.stack([mask for _, mask in outs], 1),
+        )
+
+    def _tbptt_mismatch(self, k: int) -> str:
+        """The one line for training batches of k segments per row that `tbptt_segments` does not
+        expect."""
+        name = type(self).__name__
+        held = f"the training batches hold {k} segment{'s' * (k > 1)} per row (data.windows_per_batch)"
+        if "tbptt_segments" not in inspect.signature(type(self).__init__).parameters:
+            return (
+                f"{name} trains on one segment per batch (it has no tbptt_segments), but {held}: set "
+                "data.windows_per_batch: 1"
+            )
+        return (
+            f"{name} trains with truncated BPTT over {self.tbptt_segments} segments "
+            f"(model.init_args.tbptt_segments), but {held}: set data.windows_per_batch: {self.tbptt_segments}"
+        )
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._eval_step("val", batch)

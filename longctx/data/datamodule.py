@@ -66,7 +66,9 @@ class LMDataModule(pl.LightningDataModule):
         eval_batch_size / eval_tgt_len: the same for validation and test (default: training's).
         mode: "segments" (Transformer-XL, Adaptive Span) or "windows" (recurrence on GPT-2).
         overlap / eval_overlap: window overlap o in training / evaluation (window mode).
-        windows_per_batch: K windows of each row per training batch (backprop through K windows).
+        windows_per_batch: K windows of each row per training batch (backprop through K windows); in
+            segment mode, K consecutive segments (B, K, L) for truncated backpropagation through K
+            segments (the model's `tbptt_segments`); 1: one segment (B, L).
         tokenizer: how the text corpora (wikitext103_raw, wikitext103_text, pg19, text_files) are
             tokenized: `gpt2` (GPT-2 BPE), a local directory or hub id of a byte-level BPE, or `bytes`
             (byte level: what Transformer-XL and Adaptive Span read to compare with GPT-2 on the same
@@ -141,6 +143,11 @@ class LMDataModule(pl.LightningDataModule):
             raise ValueError(
                 "data.train_wrap: random_offset (adaptive-span's wrap-around) needs mode: segments on a "
                 f"contiguous corpus; {corpus} in mode {mode} takes train_wrap: restart"
+            )
+        if train_wrap == "random_offset" and windows_per_batch > 1:
+            raise ValueError(
+                "data.train_wrap: random_offset (adaptive-span's wrap-around) serves one segment per "
+                f"batch; with data.windows_per_batch {windows_per_batch} use train_wrap: restart"
             )
         if split_sources is not None and (unknown := set(split_sources) - set(SPLITS)):
             raise ValueError(f"split_sources has unknown splits {sorted(unknown)}; use {list(SPLITS)}")
@@ -313,7 +320,7 @@ class LMDataModule(pl.LightningDataModule):
                 seq_len,
                 doc_offsets=data.doc_offsets,
                 overlap=(self.overlap if train else self.eval_overlap) if windows else 0,
-                windows_per_batch=(self.windows_per_batch if train else 1) if windows else None,
+                windows_per_batch=self._windows_per_batch(train),
                 pad=not train,
                 rank=rank,
                 world_size=world,
@@ -323,6 +330,13 @@ class LMDataModule(pl.LightningDataModule):
             )
         except ValueError as err:
             raise ValueError(f"{self.info.name} {split} split: {err}") from err
+
+    def _windows_per_batch(self, train: bool) -> int | None:
+        """The stream's K: window mode's, 1 at evaluation; segment mode's training K when above 1
+        (truncated BPTT over K segments), else None: one segment per batch, (B, L)."""
+        if self.mode == "windows":
+            return self.windows_per_batch if train else 1
+        return self.windows_per_batch if train and self.windows_per_batch > 1 else None
 
     def train_dataloader(self) -> SegmentStream:
         stream = self.stream("train", train=True)

@@ -46,6 +46,11 @@ class AdaptiveSpanLM(LMBase):
             cap, the paper's model). Each layer's attended length is trimmed to it, i.e. the span mask
             is multiplied by 1[x <= cap] and renormalised: what the model scores with at most `cap`
             previous tokens (`python -m longctx context` sweeps it). Training ignores it.
+        tbptt_segments: k, the segments of each row a training batch holds (`data.windows_per_batch:
+            k`, with `data.train_wrap: restart`), read in order with the cache carried with its
+            gradient and detached at the batch's end (truncated BPTT over k segments, `LMBase`; the
+            penalty is the mean over the k segments); 1: the cache detached after every segment, as
+            the code's `h_cache`.
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
@@ -63,6 +68,7 @@ class AdaptiveSpanLM(LMBase):
         network: SpanTransformer.Config = SpanTransformer.Config(),  # noqa: B008 (frozen: immutable)
         span_loss: float = 0.5e-6,
         eval_span_cap: int | None = None,
+        tbptt_segments: int = 1,
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
         **flat: Any,
@@ -73,6 +79,8 @@ class AdaptiveSpanLM(LMBase):
         self.save_hyperparameters()
         if span_loss < 0:
             raise ValueError(f"span_loss (λ) must be >= 0, got {span_loss}")
+        if tbptt_segments < 1:
+            raise ValueError(f"tbptt_segments must be 1 or more, got {tbptt_segments}")
         if eval_span_cap is not None and not 1 <= eval_span_cap <= network.attn_span:
             raise ValueError(
                 f"eval_span_cap must be in [1, attn_span = {network.attn_span}], got {eval_span_cap}"
@@ -80,6 +88,7 @@ class AdaptiveSpanLM(LMBase):
         self.net = network.build(vocab_size)
         self.span_loss = span_loss
         self.eval_span_cap = eval_span_cap
+        self.tbptt_segments = tbptt_segments
         self._last_spans: list[Tensor] = []
 
     # ------------------------------------------------------------------ memory

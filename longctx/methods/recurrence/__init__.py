@@ -33,11 +33,11 @@ Notation (the paper's symbols and where they live; files of this folder; § = th
 |           | column                             |      |                                                    |
 | ln_1      | h_prev enters block ℓ_ins through  | open | network.py:pre_attention_norm,                     |
 |           | its LayerNorm (`slot_norm`)        |      | network.py:WindowRecurrence.slot_norm              |
-| BPTT      | backprop through the K windows of  | 3.2  | network.py:WindowRecurrence.forward                |
-|           | a batch (h_prev detached between   |      |                                                    |
+| BPTT      | backprop through the K windows of  | 3.2  | network.py:WindowRecurrence.forward,               |
+|           | a batch (h_prev detached between   |      | longctx/methods/bptt.py:unroll                     |
 |           | batches)                           |      |                                                    |
 | ckpt      | gradient checkpointing per window  | 3.2  | module.py:RecurrentGPT2LM.checkpoint_windows,      |
-|           | (`checkpoint_windows`); one window |      | bptt.py:reverse_window_bptt                        |
+|           | (`checkpoint_windows`); one window |      | longctx/methods/bptt.py:reverse_window_bptt        |
 |           | at a time backward                 |      |                                                    |
 | o         | overlap of windows                 | 4.2  | overlaps.py:evaluate_overlaps,                     |
 |           | (`data.overlap`,                   |      | overlap_record.py:save_overlaps                    |
@@ -64,7 +64,8 @@ network.py:WindowRecurrenceConfig (`WindowRecurrence.Config`, `.build(d_model, n
 module's `window_recurrence` group (`model.init_args.window_recurrence.insert_layer`); the GPT-2 is
 described apart (`pretrained` or `gpt2_config`), and `recurrence: false` switches the group off.
 
-Files: `network.py` (the slot, pooling, FFN and the loop over windows), `memory.py`, `bptt.py`,
+Files: `network.py` (the slot, pooling, FFN and the window the shared loop `longctx/methods/bptt.py`
+runs), `memory.py`,
 `chunked_loss.py`, `flops.py`, `overlaps.py` and `overlap_record.py` (the overlap sweep), `hf.py`,
 `export.py` (a checkpoint's GPT-2 as a Hugging Face directory), `module.py` (the LightningModule).
 """

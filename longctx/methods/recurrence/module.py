@@ -65,8 +65,9 @@ class RecurrentGPT2LM(LMBase):
             are folded into it.
         checkpoint_windows: gradient checkpointing per window in training (paper §3.2).
         window_by_window: with `checkpoint_windows`, run the backward one window at a time in reverse
-            (`bptt.py`: the memory of one window, gradients included); False: `torch.utils.checkpoint`
-            per window in one backward (the reference; holds one more copy of the gradients).
+            (`longctx/methods/bptt.py`: the memory of one window, gradients included); False:
+            `torch.utils.checkpoint` per window in one backward (the reference; holds one more copy of
+            the gradients).
         checkpoint_blocks: also checkpoint every GPT-2 block in training (Hugging Face's activation
             checkpointing): a window's backward then holds one block's activations, not all L blocks',
             at the cost of one more forward of the blocks.

@@ -48,7 +48,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longctx.core.knob_groups import network_config
 from longctx.core.recall import target_is_argmax
-from longctx.methods.recurrence.bptt import reverse_window_bptt
+from longctx.methods.bptt import unroll
 from longctx.methods.recurrence.chunked_loss import linear_cross_entropy
 
 RECURRENCE_SDPA = "recurrence_sdpa"
@@ -352,7 +352,8 @@ class WindowRecurrence(nn.Module):
         With `checkpoint_windows`, each window's forward is recomputed in the backward pass, so
         only the window inputs, z_i and h_prev,i stay in memory (paper §3.2).
         With `window_by_window` (also recomputing each window), the backward runs one window at a
-        time in reverse and only h_prev,i stays in memory: no gradient buffer beyond `.grad` (`bptt.py`).
+        time in reverse and only h_prev,i stays in memory: no gradient buffer beyond `.grad`
+        (`longctx/methods/bptt.py`).
         loss_chunk: tokens per chunk of the LM head's logits (`token_nll`; 0: all at once).
         need_correct: also say whether each target is the LM's argmax (evaluation of recall).
         Returns nll (B, K, T), h_prev for the next batch (B, d) and the correctness (`WindowsOutput`).
@@ -371,19 +372,9 @@ class WindowRecurrence(nn.Module):
                 nll, z, correct = self.window(*args)
             return nll, self.ffn(z), correct
 
-        n_windows = input_ids.shape[1]
-        if window_by_window and torch.is_grad_enabled():
-            modules = {"lm": lm, "recurrence": self}
-            nll, h_prev = reverse_window_bptt(
-                modules, lambda k, h: window(k, h)[:2], n_windows, h_prev, input_ids.device
-            )
-            return WindowsOutput(nll, h_prev)
-        nlls, corrects = [], []
-        for k in range(n_windows):
-            nll, h_prev, correct = window(k, h_prev)
-            nlls.append(nll)
-            corrects.append(correct)
-        return WindowsOutput(torch.stack(nlls, 1), h_prev, torch.stack(corrects, 1) if need_correct else None)
+        reverse = {"lm": lm, "recurrence": self} if window_by_window else None
+        nll, h_prev, correct = unroll(window, input_ids.shape[1], h_prev, input_ids.device, reverse)
+        return WindowsOutput(nll, h_prev, correct)
 
 
 class WindowsOutput(NamedTuple):

@@ -49,7 +49,8 @@ Notation (the paper's symbols and where they live; files of this folder; § = 22
 
 The backbone is built, loaded and pickled by the recurrent GPT-2's Hugging Face helpers
 (longctx/methods/recurrence/hf.py:build_lm), and the segment-by-segment backward of
-`checkpoint_segments` is the recurrent GPT-2's (longctx/methods/recurrence/bptt.py:reverse_window_bptt).
+the loop over segments and the segment-by-segment backward of `checkpoint_segments` are the shared
+longctx/methods/bptt.py:unroll (with reverse_window_bptt).
 
 The memory's knobs have one source, network.py:MemoryCellConfig (`MemoryCell.Config`,
 `.build(embedding)`), the module's `memory_cell` group (`model.init_args.memory_cell.num_mem_tokens`);

@@ -63,7 +63,7 @@ class RecurrentMemoryLM(LMBase):
         eval_memory: at validation/test, "carried" (the memory flows over the whole split) or
             "reset" (every segment reads the initial memory: the same weights with the memory cut).
         checkpoint_segments: in training, recompute each segment in the backward, one segment at a
-            time in reverse (`recurrence/bptt.py`): the activations of one segment, not K, at once.
+            time in reverse (`longctx/methods/bptt.py`): the activations of one segment, not K, at once.
         checkpoint_blocks: also checkpoint every GPT-2 block (Hugging Face's activation
             checkpointing; the authors' scripts set `gradient_checkpointing`).
         attn_implementation: the GPT-2's attention ("sdpa" or "eager").

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from longctx.core.data_facts import DataMismatch
 from longctx.core.knob_groups import network_config
 from longctx.core.recall import target_is_argmax
-from longctx.methods.recurrence.bptt import reverse_window_bptt
+from longctx.methods.bptt import unroll
 from longctx.methods.recurrent_memory.memory import read_memory
 
 
@@ -119,7 +119,7 @@ class MemoryCell(nn.Module):
         it reads the initial memory); state: (B, m, d) written by the previous batch's last segment,
         or None (every row starts from the initial memory).
         With `checkpoint_segments`, the backward recomputes one segment at a time in reverse
-        (`recurrence/bptt.py`): the activations of one segment, not K, are alive at once.
+        (`longctx/methods/bptt.py`): the activations of one segment, not K, are alive at once.
         need_correct: also say whether each target is the LM's argmax (evaluation of recall).
         Returns nll (B, K, T), the memory written by the last segment (B, m, d) and the correctness
         (`SegmentsOutput`).
@@ -133,19 +133,9 @@ class MemoryCell(nn.Module):
             nll, correct = segment_scores(lm, hidden, target[:, k], need_correct)
             return nll, written, correct
 
-        n_segments = input_ids.shape[1]
-        if checkpoint_segments and torch.is_grad_enabled():
-            modules = {"lm": lm, "memory_cell": self}
-            nll, state = reverse_window_bptt(
-                modules, lambda k, state: one_segment(k, state)[:2], n_segments, state, input_ids.device
-            )
-            return SegmentsOutput(nll, state)
-        nlls, corrects = [], []
-        for k in range(n_segments):
-            nll, state, correct = one_segment(k, state)
-            nlls.append(nll)
-            corrects.append(correct)
-        return SegmentsOutput(torch.stack(nlls, 1), state, torch.stack(corrects, 1) if need_correct else None)
+        reverse = {"lm": lm, "memory_cell": self} if checkpoint_segments else None
+        nll, state, correct = unroll(one_segment, input_ids.shape[1], state, input_ids.device, reverse)
+        return SegmentsOutput(nll, state, correct)
 
 
 class SegmentsOutput(NamedTuple):

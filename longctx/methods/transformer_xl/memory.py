@@ -27,6 +27,7 @@ memory's tensors are views of buffers that the next segment appends to in place 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
@@ -213,15 +214,24 @@ class XLSegment:
             return XLMemory.SLOTS.cat(field, old, new)
         return self.appender.extend(field, old, new, layer)
 
-    @torch.no_grad()
-    def kept(self) -> XLMemory:
+    def kept(self, carry_gradient: bool = False) -> XLMemory:
         """The memory after the segment: each layer's last mem_len of [memory, input], detached (SG),
-        with the cache their keys and values (and TRAMS's scores, `_kept_scores`)."""
+        with the cache their keys and values (and TRAMS's scores, `_kept_scores`).
+
+        carry_gradient: keep the memory's graph instead (truncated backpropagation through several
+        segments, the module's `tbptt_segments`: `LMBase` detaches it at the end of a training batch).
+        """
+        if carry_gradient:
+            return self._kept(lambda h: h)
+        with torch.no_grad():
+            return self._kept(Tensor.detach)
+
+    def _kept(self, stop_gradient: Callable[[Tensor], Tensor]) -> XLMemory:
         valid = self.memory.valid
         ones = valid.new_ones(valid.shape[0], self.n)
         new_valid = self.fifo.append(valid, ones, join=partial(self._join, "valid")).kept
         hidden = [
-            self.fifo.append(mem, h.detach(), join=partial(self._join, "hidden", layer=i)).kept
+            self.fifo.append(mem, stop_gradient(h), join=partial(self._join, "hidden", layer=i)).kept
             for i, (mem, h) in enumerate(zip(self.memory.hidden, self.inputs))
         ]
         if not self.cache_kv:

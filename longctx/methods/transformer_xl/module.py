@@ -91,6 +91,10 @@ class TransformerXLLM(LMBase):
         log_attention_mass: log `trams/mem_mass*` at evaluation. Off by default: the fused kernels
             return no probabilities, so this runs the evaluation attention op by op (the TRAMS
             configs turn it on for the paper's attention-mass analysis).
+        tbptt_segments: k, the segments of each row a training batch holds (`data.windows_per_batch:
+            k`), read in order with the memory carried with its gradient and detached at the batch's
+            end (truncated BPTT over k segments, `LMBase`); 1: the paper's stop-gradient on the
+            memory at every segment.
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam 2.5e-4, cosine, no warm-up).
         **flat: any field of the groups by its flat name (`n_layers=4`, `eval_mem_len=64`,
             `trams_attended=200`; `longctx.core.knob_groups`): Python callers and earlier checkpoints.
@@ -110,6 +114,7 @@ class TransformerXLLM(LMBase):
         protocol: Protocol = "xl",
         trams: TramsSettings | None = None,
         log_attention_mass: bool = False,
+        tbptt_segments: int = 1,
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
         **flat: Any,
@@ -122,6 +127,8 @@ class TransformerXLLM(LMBase):
             raise ValueError(f"mem_len ({mem_len}) and clamp_len ({clamp_len}) must be >= 0")
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
+        if tbptt_segments < 1:
+            raise ValueError(f"tbptt_segments must be 1 or more, got {tbptt_segments}")
         self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.train_lengths = MemoryLengths(mem_len, clamp_len, same_length)
         self.eval_lengths = evaluation.over(self.train_lengths)
@@ -136,6 +143,7 @@ class TransformerXLLM(LMBase):
                     f"TRAMS attended ({trams.attended}) cannot exceed the pool ({self.eval_lengths.mem_len})"
                 )
         self.log_attention_mass = log_attention_mass
+        self.tbptt_segments = tbptt_segments
 
     # The flat attribute names of before (read and set; one stored value: the two MemoryLengths).
     mem_len, clamp_len, same_length = length_attributes(
@@ -201,6 +209,7 @@ class TransformerXLLM(LMBase):
             trams=self.trams if evaluating else None,
             need_mass=need_mass,
             cache_kv=evaluating and self.eval_cache_kv,
+            carry_gradient=not evaluating and self.tbptt_segments > 1,
         )
         nll = self.net.nll(out.hidden, batch["target"])  # (B, n)
         mask = drop_last_scored(batch["mask"]) if evaluating and self.protocol == "trams" else None

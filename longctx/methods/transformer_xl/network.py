@@ -248,6 +248,7 @@ class TransformerXL(nn.Module):
         need_mass: bool = False,
         need_weights: bool = False,
         cache_kv: bool = False,
+        carry_gradient: bool = False,
     ) -> XLOutput:
         """x: (B, n) token ids; memory: `XLMemory` (hidden per layer (B, P, d), valid (B, P)); mem_len: kept
         for the next segment (the TRAMS pool M under TRAMS); clamp_len: cap of relative positions
@@ -255,10 +256,12 @@ class TransformerXL(nn.Module):
         cache_kv: keep the memory's keys and values with it (evaluation only: exact while the weights
         do not change; no gradient reaches W_K, W_V through cached memory keys), and under TRAMS with
         the "code" or "paper" metric each key's score (scored once, when it enters the pool; without
-        cache_kv every segment projects and scores the pool again, as the released code)."""
+        cache_kv every segment projects and scores the pool again, as the released code);
+        carry_gradient: the memory kept with its graph, not detached (truncated BPTT over several
+        segments, in training)."""
         segment = self.segment_memory(memory, x.shape[1], mem_len, same_length, trams, cache_kv)
         hidden, attns = self.attend(x, segment, clamp_len, need_mass, need_weights)
-        return XLOutput(hidden, segment.kept(), attns)
+        return XLOutput(hidden, segment.kept(carry_gradient), attns)
 
     @staticmethod
     def segment_memory(

@@ -1,4 +1,13 @@
-"""Backprop through K windows at the memory of one window: the backward runs window by window in reverse.
+"""Backpropagation through the K segments (windows) of a batch, shared by the recurrent methods.
+
+A recurrent method reads a batch's K segments in order, each from the state the previous one left
+(the recurrent GPT-2's h_prev (B, d), the Recurrent Memory Transformer's memory tokens (B, m, d)),
+and backpropagates through all K: `unroll` runs that loop, either as a plain loop (one autograd graph
+over the K segments) or, with `reverse_modules`, with the backward one segment at a time in reverse
+(`reverse_window_bptt`), the same gradients at the activations of one segment. It names no method:
+a method hands it its segment as a function of (k, state).
+
+The reverse backward: backprop through K windows at the memory of one window.
 
 Yoshida et al. 2020 §3.2 keep the memory of training on K windows near that of one window with
 gradient checkpointing per window. `torch.utils.checkpoint` does recompute each window, but all K
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +48,8 @@ from torch.utils.checkpoint import get_device_states, set_device_states
 
 # window(k, h_prev) -> (nll_k (B, T), h_prev for window k + 1 (B, d))
 WindowFn = Callable[[int, Tensor | None], tuple[Tensor, Tensor]]
+# segment(k, state) -> (nll_k (B, T), the state leaving segment k, correct_k (B, T) bool or None)
+SegmentFn = Callable[[int, Tensor | None], tuple[Tensor, Tensor, Tensor | None]]
 N_ARGS = 6  # arguments of _ReverseWindows.forward before the parameters
 
 
@@ -186,3 +197,40 @@ def reverse_window_bptt(
             "cache_enabled": torch.is_autocast_cache_enabled(),
         }
     return _ReverseWindows.apply(unit, n_windows, device, autocast, names, h_prev, *params)
+
+
+class Unrolled(NamedTuple):
+    """What `unroll` returns for K segments: nll (B, K, T); state, what the last segment left;
+    correct (B, K, T) bool (the target is the model's argmax), None when `segment` gave none."""
+
+    nll: Tensor
+    state: Tensor
+    correct: Tensor | None = None
+
+
+def unroll(
+    segment: SegmentFn,
+    n_segments: int,
+    state: Tensor | None,
+    device: torch.device,
+    reverse_modules: dict[str, nn.Module] | None = None,
+) -> Unrolled:
+    """Run `segment` over K = `n_segments` segments in order, carrying `state` (None: the first reads
+    none), with the gradient through all K.
+
+    reverse_modules: every module whose parameters `segment` uses: while the graph is on, the backward
+    runs one segment at a time in reverse (`reverse_window_bptt`: the same gradients, no correctness
+    returned); None: a plain loop.
+    """
+    if reverse_modules is not None and torch.is_grad_enabled():
+        nll, state = reverse_window_bptt(
+            reverse_modules, lambda k, state: segment(k, state)[:2], n_segments, state, device
+        )
+        return Unrolled(nll, state)
+    nlls, corrects = [], []
+    for k in range(n_segments):
+        nll, state, correct = segment(k, state)
+        nlls.append(nll)
+        corrects.append(correct)
+    correct = None if corrects[0] is None else torch.stack(corrects, 1)
+    return Unrolled(torch.stack(nlls, 1), state, correct)
