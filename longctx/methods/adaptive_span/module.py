@@ -14,6 +14,7 @@ The paper's symbols and where each lives in this folder: the package docstring (
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -152,6 +153,11 @@ class AdaptiveSpanLM(LMBase):
         if config.span == "dynamic" and self._last_spans:
             return [z.float().cpu() for z in self._last_spans]
         return [torch.full((config.n_heads,), float(config.attn_span)) for _ in self.net.layers]
+
+    @classmethod
+    def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+        """The span kind and the maximum span S."""
+        return f"{model.get('span')} span S={model.get('attn_span')}"
 
     def state_size(self) -> int:
         """cap·d numbers per layer: the cached states the farthest query may attend at evaluation
