@@ -44,11 +44,13 @@ from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.run_settings import first_set
+from longctx.diagnostics.axes import Axis, knob_flag
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
+from longctx.methods.transformer_xl.context_axes import MEMORY
 from longctx.methods.transformer_xl.memory import length_attributes
 
 
@@ -59,6 +61,23 @@ class CompressiveEvaluationMemory(CompressiveLengths):
     memories again every segment (exact; as Transformer-XL's `EvaluationMemory.cache_kv`)."""
 
     cache_kv: bool = True
+
+
+def _set_compressed(model: CompressiveTransformerLM, data: Any, length: int) -> None:
+    model.eval_lengths = dataclasses.replace(model.eval_lengths, cmem_len=length)
+
+
+# The compressed memory n_cm as a context axis (`longctx.diagnostics.axes`): a length in attended
+# slots, so the last layer reaches n_m + c·n_cm back.
+COMPRESSED = Axis(
+    "compressed",
+    applies=lambda model, data: True,
+    why_not="it is the compressed memory n_cm of the Compressive Transformer (evaluation.cmem_len)",
+    limits=lambda model, data: (0, None),
+    default_max=lambda model, data: model.eval_lengths.cmem_len,
+    set=_set_compressed,
+    flags=lambda model, data, length: knob_flag(model, "eval_cmem_len", length),
+)
 
 
 class CompressiveTransformerLM(LMBase):
@@ -91,6 +110,9 @@ class CompressiveTransformerLM(LMBase):
 
     batch_mode = "segments"
     flat_prefixes: ClassVar[dict[str, str]] = {"evaluation": "eval_"}
+
+    # `context` sweeps n_cm by default (n_m stays evaluation.mem_len), or n_m with `--axis memory`.
+    context_axes = (COMPRESSED, MEMORY)
 
     def __init__(
         self,

@@ -53,6 +53,7 @@ from longctx.core.run_settings import first_set
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
+from longctx.methods.transformer_xl.context_axes import ATTENDED, MEMORY
 from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory, length_attributes
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
@@ -100,6 +101,8 @@ class TransformerXLLM(LMBase):
 
     batch_mode = "segments"
     flat_prefixes: ClassVar[dict[str, str]] = {"evaluation": "eval_", "trams": "trams_"}
+
+    context_axes = (MEMORY, ATTENDED)  # `context`: M, or TRAMS's m
 
     def __init__(
         self,

@@ -62,6 +62,10 @@ class WindowTransformerLM(LMBase):
         """The evaluation window (no memory)."""
         return f"no memory, window {eval_window(data)}"
 
+    def longest_window(self) -> int:
+        """Its learned positions: `max_len`."""
+        return self.net.config.max_len
+
     def state_size(self) -> int:
         """0: nothing is carried from one window to the next."""
         return 0
