@@ -39,7 +39,9 @@ class Method:
     tiny_knobs: the tests' smallest model (`tests/methods.py`: vocabulary 64, 2 layers, width 16), as
     keywords of the module besides `vocab_size`; golden: the evaluations `tests/golden/` keeps, name →
     knobs on top of `tiny_knobs` (default: one, under the method's name); kernel_knob: the knob choosing
-    the attention kernel ("eager" or "sdpa"), None where the method has only the fused one.
+    the attention kernel ("eager" or "sdpa"), None where the method has only the fused one;
+    bench_knobs: its knobs in `benchmarks/compile.py`'s small network (4 layers, d 256: the
+    benchmark sets the sizes), e.g. its memory lengths at that scale.
     trainer_commands: the LightningCLI subcommands it adds (`longctx.commands`); checkpoint_formats:
     format → module converting the authors' released checkpoints (`longctx.checkpoints.convert`).
     """
@@ -49,6 +51,7 @@ class Method:
     tiny_knobs: Mapping[str, Any] = field(default_factory=dict)
     golden: Mapping[str, Mapping[str, Any]] | None = None
     kernel_knob: str | None = "attention"
+    bench_knobs: Mapping[str, Any] = field(default_factory=dict)
     trainer_commands: Mapping[str, TrainerCommand] = field(default_factory=dict)
     checkpoint_formats: Mapping[str, str] = field(default_factory=dict)
 
@@ -69,6 +72,7 @@ METHODS: dict[str, Method] = {
         "configs/adaptive_span_tiny.yaml",
         tiny_knobs={**TINY_SIZES, "attn_span": 32},
         golden={"adaptive_span": {}, "fixed_span": {"span": "fixed"}},
+        bench_knobs={"attn_span": 512, "span_init": 0.1},
         checkpoint_formats={"adaptive-span": "longctx.methods.adaptive_span.convert"},
     ),
     "compressive_transformer": Method(
@@ -76,6 +80,8 @@ METHODS: dict[str, Method] = {
         "configs/compressive_transformer_tiny.yaml",
         # c = 2: with c = 3 the memory's length cycles and torch.compile recompiles every step.
         tiny_knobs={**TINY_SIZES, "dropout": 0.0, "mem_len": 8, "cmem_len": 4, "compression_rate": 2},
+        # c = 2 divides the segment and n_m: both memories keep one shape once full.
+        bench_knobs={"mem_len": 64, "cmem_len": 64, "compression_rate": 2},
     ),
     "recurrence": Method(
         "longctx.methods.recurrence.module.RecurrentGPT2LM",
@@ -97,11 +103,14 @@ METHODS: dict[str, Method] = {
         # m = 2: TINY_GPT2's 32 positions hold the tests' 16-token windows and the 4 memory tokens.
         tiny_knobs={"gpt2_config": TINY_GPT2, "num_mem_tokens": 2},
         kernel_knob="attn_implementation",
+        # T + 2m positions: the benchmark's 128-token windows and 16 memory tokens read and written.
+        bench_knobs={"gpt2_config": {"n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 160}},
     ),
     "transformer_xl": Method(
         "longctx.methods.transformer_xl.module.TransformerXLLM",
         "configs/transformer_xl_tiny.yaml",
         tiny_knobs={**TINY_SIZES, "mem_len": 16},
+        bench_knobs={"mem_len": 128},
         golden={
             "transformer_xl": {},
             "trams": {"protocol": "trams", "trams_attended": 8, "trams_kept": 4},
