@@ -6,7 +6,7 @@ same seed; a callback times every optimizer step. The first `--warmup` steps (co
 timed; the median of the rest is. Validation runs once inside the warm-up, so the eval graphs are
 compiled there too.
 
-    python benchmarks/compile.py                      # all four methods, ~4 min on 2 CPU cores
+    python benchmarks/compile.py                      # every registered method, ~6 min on 2 CPU cores
     python benchmarks/compile.py --methods transformer_xl --steps 40
     python benchmarks/compile.py --device cuda         # on a GPU (each step synchronised)
 """
@@ -31,36 +31,22 @@ from attention import synchronize  # this folder's
 from gpu_report import device_name
 
 from longctx.callbacks import CompileNetwork
+from longctx.core.base import LMBase
 from longctx.data.streams import SegmentStream
-from longctx.methods.adaptive_span.module import AdaptiveSpanLM
-from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
-from longctx.methods.recurrence.module import RecurrentGPT2LM
-from longctx.methods.transformer_xl.module import TransformerXLLM
+from longctx.methods import registry
 
 VOCAB = 256
-METHODS = {
-    "adaptive_span": lambda: AdaptiveSpanLM(
-        vocab_size=VOCAB, d_model=256, n_layers=4, n_heads=4, d_inner=1024, attn_span=512, span_init=0.1
-    ),
-    "transformer_xl": lambda: TransformerXLLM(
-        vocab_size=VOCAB, n_layers=4, d_model=256, n_heads=4, d_inner=1024, mem_len=128
-    ),
-    # c = 2 divides the segment (--block) and n_m: both memories keep one shape once full.
-    "compressive_transformer": lambda: CompressiveTransformerLM(
-        vocab_size=VOCAB,
-        n_layers=4,
-        d_model=256,
-        n_heads=4,
-        d_inner=1024,
-        mem_len=64,
-        cmem_len=64,
-        compression_rate=2,
-    ),
-    "recurrent_gpt2": lambda: RecurrentGPT2LM(
-        vocab_size=VOCAB, gpt2_config={"n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 128}
-    ),
-}
-WINDOWED = {"recurrent_gpt2"}
+# The small network every method trains here (a GPT-2 spells the sizes n_layer, n_embd, n_head); each
+# method's registry entry adds its own knobs at this scale (`bench_knobs`: memory lengths, span).
+SIZES = {"n_layers": 4, "d_model": 256, "n_heads": 4, "d_inner": 1024}
+GPT2_SIZES = {"gpt2_config": {"n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 128}}
+
+
+def build(method: str) -> LMBase:
+    """The registered method's module at the benchmark's sizes (GPT-2's where it is built on one)."""
+    entry = registry.METHODS[method]
+    sizes = GPT2_SIZES if "gpt2_config" in entry.tiny_knobs else SIZES
+    return entry.module_class()(vocab_size=VOCAB, **{**sizes, **entry.bench_knobs})
 
 
 class Tokens(pl.LightningDataModule):
@@ -113,8 +99,8 @@ def run(method: str, compiled: bool, args: argparse.Namespace) -> tuple[float, i
     torch._dynamo.reset()
     counters.clear()
     pl.seed_everything(0)
-    model = METHODS[method]()
-    windowed = method in WINDOWED
+    model = build(method)
+    windowed = model.batch_mode == "windows"
     data = Tokens(windowed, args.batch, 128 if windowed else args.block)
     timer = StepTimer()
     trainer = pl.Trainer(
@@ -139,7 +125,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    methods = list(registry.METHODS)
+    parser.add_argument("--methods", nargs="+", default=methods, choices=methods)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--block", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=10)

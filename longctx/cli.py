@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import netrc
 import os
 import re
@@ -251,21 +252,27 @@ class LoggedConfigCallback(SaveConfigCallback):
 
 
 class LongCtxTrainer(Trainer):
-    """Lightning's Trainer plus the evaluation sweeps the papers report."""
+    """Lightning's Trainer plus the evaluation sweeps the papers report.
 
-    def evaluate_overlaps(
-        self,
-        model: LMBase,
-        datamodule: LMDataModule,
-        ckpt_path: str | None = None,
-        overlaps: list[int] = [0, 5, 10, 30, 50],  # noqa: B006 (a CLI default, never mutated)
-        split: Literal["valid", "test"] = "test",
-    ) -> list[dict[str, float]]:
-        """Evaluate one checkpoint at several window overlaps (Yoshida et al. 2020, §4.2); see
-        `longctx.methods.recurrence.overlaps` (table, figure, W&B), which the command table names
-        (`longctx.commands.TRAINER_COMMANDS`). Returns one row per overlap."""
-        evaluate_overlaps = load(TRAINER_COMMANDS["evaluate_overlaps"])
-        return evaluate_overlaps(self, model, datamodule, ckpt_path, overlaps, split)
+    The methods add them (`longctx.commands.TRAINER_COMMANDS`, from their registry entries): one
+    method per command (e.g. `evaluate_overlaps`), taking its target's parameters after the trainer,
+    which LightningCLI reads as the subcommand's options."""
+
+
+def trainer_command(target: str) -> Any:
+    """The trainer method running `target` ("module:function", loaded at each call) with the trainer
+    first; its signature and docstring are the target's."""
+    function = load(target)
+
+    @functools.wraps(function)
+    def command(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        return load(target)(self, *args, **kwargs)
+
+    return command
+
+
+for _name, _target in TRAINER_COMMANDS.items():
+    setattr(LongCtxTrainer, _name, trainer_command(_target))
 
 
 class ReportInitErrors(_InstantiatorFn):
@@ -341,7 +348,7 @@ class LongCtxCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """fit, validate, test and evaluate_overlaps (`predict` is not offered: see the module doc)."""
+        """fit, validate, test and the methods' commands (`predict` is not offered: see the module doc)."""
         commands = {name: args for name, args in LightningCLI.subcommands().items() if name != "predict"}
         return {**commands, **{name: {"model", "datamodule"} for name in TRAINER_COMMANDS}}
 

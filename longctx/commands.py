@@ -7,8 +7,9 @@
 
 Both entry points call `main`, so they accept the same commands. Targets are import paths, loaded only
 when their command runs: `longctx report` does not import Lightning, and this table imports no method.
-A method adds an evaluation subcommand to the CLI's trainer through `TRAINER_COMMANDS` (its function
-runs as `LongCtxTrainer.<name>`), so the generic CLI never imports a method either.
+A method adds an evaluation subcommand to the CLI's trainer through its registry entry
+(`longctx.methods.registry.Method.trainer_commands`, gathered in `TRAINER_COMMANDS`; its function runs
+as `LongCtxTrainer.<name>`), so neither this table nor the generic CLI names a method.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from longctx.methods import registry
 from longctx.process_exit import run_and_exit_cleanly
 
 LIGHTNING_CLI = "longctx.cli:main"
@@ -31,20 +33,18 @@ class Command(NamedTuple):
     summary: str
 
 
+# LightningCLI subcommands the methods add (their registry entries): name -> "module:function(trainer,
+# model, datamodule, ckpt_path, ...)", run by the trainer method of that name (`longctx.cli.LongCtxTrainer`).
+TRAINER_COMMANDS: dict[str, str] = {name: c.target for name, c in registry.trainer_commands().items()}
+
 COMMANDS: dict[str, Command] = {
     "fit": Command(LIGHTNING_CLI, "train a model (--config C) in runs/<run_name>/"),
     "validate": Command(LIGHTNING_CLI, "evaluate a checkpoint on the validation split (--ckpt_path P)"),
     "test": Command(LIGHTNING_CLI, "evaluate a checkpoint on the test split (--ckpt_path P)"),
-    "evaluate_overlaps": Command(LIGHTNING_CLI, "evaluate a windowed GPT-2 checkpoint at several overlaps"),
+    **{name: Command(LIGHTNING_CLI, c.summary) for name, c in registry.trainer_commands().items()},
     "convert": Command("longctx.checkpoints.convert:main", "the authors' released checkpoints as ours"),
     "report": Command("longctx.report:main", "table and figures from finished run directories"),
     "context": Command("longctx.context:main", "checkpoints under a sweep of the context they may use"),
-}
-
-# LightningCLI subcommands a method adds: name -> "module:function(trainer, model, datamodule,
-# ckpt_path, ...)", run by the trainer method of that name (`longctx.cli.LongCtxTrainer`).
-TRAINER_COMMANDS: dict[str, str] = {
-    "evaluate_overlaps": "longctx.methods.recurrence.overlaps:evaluate_overlaps",
 }
 
 

@@ -59,7 +59,7 @@ from longctx.cli import PARSER_KWARGS, USER_ERRORS, LongCtxCLI, ensure_wandb_mod
 from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.diagnostics import positions, recl
-from longctx.diagnostics.axes import Axis, AxisError, Variant, axis_named, default_axis, variants
+from longctx.diagnostics.axes import Axis, AxisError, Variant, all_axes, axis_named, default_axis, variants
 from longctx.diagnostics.figures import by_key_figure, context_figure
 from longctx.diagnostics.footprint import available_bytes, evaluation_bytes
 from longctx.errors import SIGINT_EXIT_CODE, debug_enabled, exit_with_error, one_line
@@ -104,9 +104,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--ckpt_path", action="append", required=True, help="its checkpoint (one per --config)"
     )
     parser.add_argument("--name", action="append", help="its label in tables and figures (in order)")
-    parser.add_argument(
-        "--axis", help="memory, attended, span_cap, window, overlap or compressed (default: per method)"
-    )
+    *named, last = all_axes()
+    parser.add_argument("--axis", help=f"{', '.join(named)} or {last} (default: per method)")
     parser.add_argument(
         "--lengths", type=int, nargs="+", help="context lengths (default: five up to the configured)"
     )

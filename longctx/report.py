@@ -4,9 +4,10 @@ It reads what each run wrote into its own directory (`summary.json` and `metrics
 `longctx.callbacks.run_record`, and the resolved `config.yaml`), so it needs no W&B account, and
 writes into `--out` (default `report/`):
 
-- `report.md` and `report.csv`: one row per run: run, method, variant (what the config ran: memory
-  length, TRAMS m/M, no memory, recurrence on/off, window and overlap, span kind, protocol,
-  the Compressive Transformer's n_m + n_cm, f_c and c), corpus,
+- `report.md` and `report.csv`: one row per run: run, method, variant (what the config ran, as the
+  module class describes it, `LMBase.describe_run`: memory length, TRAMS m/M, no memory, recurrence
+  on/off, window and overlap, span kind, protocol, the Compressive Transformer's n_m + n_cm, f_c and
+  c), corpus,
   status, parameters, training tokens seen, training tokens/s, peak memory, FLOPs per token, the
   method's native metric (bpc or ppl) on validation and test, test word perplexity, and bits per
   byte on validation and test; on a synthetic long-range task (`python -m longctx.data synth`), the
@@ -63,6 +64,7 @@ from longctx.atomic import atomic_path, unwritable_ancestor, write_text_atomic
 from longctx.diagnostics import recall
 from longctx.diagnostics.long_range import marked_losses, recl
 from longctx.errors import OneLineArgumentParser
+from longctx.methods import registry
 from longctx.run_layout import CONFIG, METRICS, SUMMARY
 
 MISSING = "-"
@@ -181,85 +183,25 @@ def run_status(run: Run) -> str | None:
     return run.summary.get("status")
 
 
+def _model_class(run: Run) -> Any:
+    """The module class of the run's config (`model.class_path`), or the registered one of its name
+    (a run recorded under another import path); None if neither is known."""
+    class_path = (run.config.get("model") or {}).get("class_path")
+    found = locate(class_path) if isinstance(class_path, str) else None
+    if isinstance(found, type) and hasattr(found, "describe_run"):
+        return found
+    name = _method(run)
+    return None if name is None else registry.method_class_named(name)
+
+
 def _settings(run: Run, section: str) -> dict[str, Any]:
     """The resolved init arguments of the config's `model` (class_path + init_args) or `data`; the
     model's knob groups under their flat names (`evaluation.mem_len` as `eval_mem_len`), so runs from
     before the groups and after read alike."""
     section_config = run.config.get(section) or {}
     settings = section_config.get("init_args") or section_config
-    class_path = section_config.get("class_path")
-    model_class = locate(class_path) if section == "model" and isinstance(class_path, str) else None
+    model_class = _model_class(run) if section == "model" else None
     return model_class.flatten_knobs(settings) if hasattr(model_class, "flatten_knobs") else settings
-
-
-def _first_set(*values: Any) -> Any:
-    return next((value for value in values if value is not None), None)
-
-
-def _xl_variant(run: Run) -> str:
-    """Transformer-XL's evaluation: TRAMS m/M, plain XL memory, or no memory (RPE), and the protocol."""
-    model = _settings(run, "model")
-    mem_len = model.get("mem_len")
-    memory = _first_set(model.get("eval_mem_len"), mem_len)
-    if model.get("trams_attended") is not None:
-        pool = _first_set(model.get("trams_pool"), memory)
-        kind = f"TRAMS m={model['trams_attended']} M={pool} kept={model.get('trams_kept')}"
-        kind += f" metric={model.get('trams_metric')}"
-    elif memory == 0:
-        kind = "no memory (RPE)" if mem_len == 0 else f"no memory (trained with {mem_len})"
-    else:
-        kind = f"XL memory {memory}" + (f" (trained with {mem_len})" if mem_len != memory else "")
-    return f"{kind}, protocol {model.get('protocol')}"
-
-
-def _compressive_variant(run: Run) -> str:
-    """The Compressive Transformer's evaluation memories n_m + n_cm, f_c and c, and how far they reach."""
-    model = _settings(run, "model")
-    trained = (model.get("mem_len"), model.get("cmem_len"))
-    memory = _first_set(model.get("eval_mem_len"), trained[0])
-    compressed = _first_set(model.get("eval_cmem_len"), trained[1])
-    rate = model.get("compression_rate")
-    kind = f"memory {memory} + compressed {compressed} ({model.get('compression')}, c={rate})"
-    if isinstance(memory, int) and isinstance(compressed, int) and isinstance(rate, int):
-        kind += f", reaches {memory + rate * compressed}"
-    if (memory, compressed) != trained:
-        kind += f" (trained with {trained[0]} + {trained[1]})"
-    return kind
-
-
-def _span_variant(run: Run) -> str:
-    model = _settings(run, "model")
-    return f"{model.get('span')} span S={model.get('attn_span')}"
-
-
-def _eval_window(run: Run) -> Any:
-    data = _settings(run, "data")
-    return _first_set(data.get("eval_tgt_len"), data.get("tgt_len"))
-
-
-def _recurrence_variant(run: Run) -> str:
-    model, data = _settings(run, "model"), _settings(run, "data")
-    overlap = _first_set(data.get("eval_overlap"), data.get("overlap"))
-    kind = (
-        f"recurrence on (layer {model.get('insert_layer')})" if model.get("recurrence") else "recurrence off"
-    )
-    if model.get("recurrence") and model.get("eval_h_prev") == "reset":
-        kind += ", h_prev reset every window"  # `--model.init_args.eval_h_prev reset`
-    return f"{kind}, window {_eval_window(run)} overlap {overlap}"
-
-
-def _window_variant(run: Run) -> str:
-    return f"no memory, window {_eval_window(run)}"
-
-
-# What tells runs of one method apart, read from the run's resolved config.yaml (model and data init_args).
-VARIANTS: dict[str, Callable[[Run], str]] = {
-    "TransformerXLLM": _xl_variant,
-    "CompressiveTransformerLM": _compressive_variant,
-    "AdaptiveSpanLM": _span_variant,
-    "RecurrentGPT2LM": _recurrence_variant,
-    "WindowTransformerLM": _window_variant,
-}
 
 
 def _marked(column: str) -> Callable[[Run], Any]:
@@ -293,8 +235,12 @@ def _recl(r: float) -> Callable[[Run], Any]:
 
 
 def _variant(run: Run) -> Any:
-    describe = VARIANTS.get(_method(run) or "")
-    return None if describe is None or not run.config.get("model") else describe(run)
+    """What tells the run apart from other runs of its method: its module class says
+    (`LMBase.describe_run`, from the run's resolved config.yaml, model and data init_args)."""
+    model_class = _model_class(run)
+    if model_class is None or not run.config.get("model"):
+        return None
+    return model_class.describe_run(_settings(run, "model"), _settings(run, "data"))
 
 
 def _fmt(spec: str) -> Callable[[Any], str]:

@@ -14,16 +14,9 @@ import torch
 
 from longctx.core.base import LMBase
 from longctx.data.cache import SAMPLE_FILE
+from longctx.methods import registry
 from tests.lm_fixtures import SyntheticData, WindowData, cpu_trainer
-from tests.methods import (
-    VOCAB,
-    tiny_adaptive_span,
-    tiny_compressive_transformer,
-    tiny_recurrence,
-    tiny_recurrent_memory,
-    tiny_transformer_xl,
-    tiny_window_transformer,
-)
+from tests.methods import TINY, VOCAB, tiny
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,19 +80,14 @@ def quickstart_losses(root: Path, threads: int) -> list[float]:
 
 
 # ------------------------------------------------------------------ one evaluation per method
-# Every method of the registry, plus the variants with an evaluation path of their own, at the sizes
-# of tests/methods.py: name → (model factory taking extra knobs, data module class in its batch mode).
+# Every method of the registry under the names its entry gives (`golden`: the variants with an
+# evaluation path of their own, e.g. TRAMS, RPE, the windowed GPT-2; default: the method's name), at
+# the sizes of tests/methods.py: name → (model factory taking extra knobs, data module class in its
+# batch mode).
 EVALUATED: dict[str, tuple[Callable[..., LMBase], type[SyntheticData]]] = {
-    "adaptive_span": (tiny_adaptive_span, SyntheticData),
-    "fixed_span": (partial(tiny_adaptive_span, span="fixed"), SyntheticData),
-    "transformer_xl": (tiny_transformer_xl, SyntheticData),
-    "trams": (partial(tiny_transformer_xl, protocol="trams", trams_attended=8, trams_kept=4), SyntheticData),
-    "rpe": (partial(tiny_transformer_xl, mem_len=0), SyntheticData),
-    "compressive_transformer": (tiny_compressive_transformer, SyntheticData),
-    "window_transformer": (tiny_window_transformer, SyntheticData),
-    "recurrent_gpt2": (partial(tiny_recurrence, ffn_width=32), WindowData),  # the paper's 200: 400 kB
-    "gpt2_window": (partial(tiny_recurrence, recurrence=False), WindowData),
-    "recurrent_memory": (tiny_recurrent_memory, WindowData),
+    name: (partial(tiny, method, **knobs), TINY[method].data)
+    for method, entry in registry.METHODS.items()
+    for name, knobs in (entry.golden if entry.golden is not None else {method: {}}).items()
 }
 GOLDEN_TOKENS = 512  # the evaluation text: this many bytes of the bundled sample, modulo VOCAB
 # The stored weights: the model's initialisation at WEIGHT_SEED, trained for WEIGHT_STEPS Adam steps

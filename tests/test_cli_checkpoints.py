@@ -18,7 +18,7 @@ from longctx.cli import main
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from tests.lm_fixtures import cpu_trainer
-from tests.methods import config_init_args, tiny_adaptive_span
+from tests.methods import config_init_args, tiny
 
 pytestmark = pytest.mark.slow  # each CLI run builds the parser (seconds); training once for the module
 
@@ -129,7 +129,7 @@ def test_validate_evaluates_the_configured_settings_not_the_checkpoints(work, mo
 
 def test_checkpoint_of_another_method_is_refused_in_one_line(work, monkeypatch):
     monkeypatch.chdir(work)
-    other = tiny_adaptive_span(vocab_size=256)
+    other = tiny("adaptive_span", vocab_size=256)
     hparams = {"_class_path": "longctx.methods.adaptive_span.module.AdaptiveSpanLM", **other.hparams}
     torch.save({"state_dict": other.state_dict(), "hyper_parameters": hparams}, "span.ckpt")
     with pytest.raises(SystemExit) as exit_info:

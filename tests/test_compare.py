@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
+from longctx.methods import registry
 from tests.conftest import shared_dir, skip_without_shared
 from tests.test_configs import resolve
 
@@ -28,16 +30,6 @@ SWEEPS = REPO / "slurm" / "sweeps"
 
 BUDGET_BYTES = 196_608  # training bytes per method (configs/compare/tiny_bytes.yaml)
 TRAIN_BYTES, TRAIN_BPE_TOKENS = 1_142_309, 249_735  # WikiText-103 valid as text: bytes, GPT-2 BPE tokens
-BYTE_METHODS = (
-    "transformer_xl",
-    "compressive_transformer",
-    "rpe",
-    "adaptive_span",
-    "fixed_span",
-    "window_transformer",
-)
-GPT2_FINETUNED = ("gpt2_window", "recurrent_gpt2", "recurrent_memory")
-EVAL_ONLY = {"trams": "transformer_xl", "oracle": "transformer_xl"}  # evaluated on that checkpoint
 
 
 def sweep_lines(name: str) -> list[list[str]]:
@@ -49,40 +41,97 @@ def option(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 
 
+def run_name(args: list[str], prefix: str) -> str:
+    return option(args, "--run_name").removeprefix(f"{prefix}/")
+
+
+def read_run(ckpt: str) -> str:
+    """The run whose checkpoint a `runs/<run>/checkpoints/last.ckpt` path reads."""
+    writer = re.fullmatch(r"runs/(.+)/checkpoints/last\.ckpt", ckpt)
+    assert writer, f"{ckpt}: not runs/<run>/checkpoints/last.ckpt"
+    return writer[1]
+
+
+def evaluated_only(sweep: str) -> dict[str, str]:
+    """The test lines that evaluate another run's checkpoint under a name of their own (TRAMS and the
+    oracle on Transformer-XL's): name -> the name of the run that trained it."""
+    prefix = sweep.removesuffix(".txt")
+    return {
+        name: read_run(ckpt).removeprefix(f"{prefix}/")
+        for args in sweep_lines(sweep)
+        if args[0] == "test" and (ckpt := option(args, "--ckpt_path")) is not None
+        and read_run(ckpt) != f"{prefix}/{(name := run_name(args, prefix))}"
+    }  # fmt: skip
+
+
+def fit_configs(sweep: str) -> dict[str, Path]:
+    """name -> config of every fit line."""
+    prefix = sweep.removesuffix(".txt")
+    return {
+        run_name(args, prefix): REPO / option(args, "--config")
+        for args in sweep_lines(sweep)
+        if args[0] == "fit"
+    }
+
+
 @pytest.mark.parametrize("sweep", ["compare_tiny.txt", "compare_paper.txt"])
 def test_every_method_is_fit_then_tested_under_its_own_run_name(sweep):
     prefix = sweep.removesuffix(".txt")
-    lines = sweep_lines(sweep)
-    fitted: set[str] = set()
-    tested: set[str] = set()
-    for args in lines:
+    fitted: set[str] = set()  # runs, with the prefix
+    tested: set[str] = set()  # names
+    read_by_configs: set[str] = set()  # names of the runs whose checkpoint a config reads
+    for args in sweep_lines(sweep):
         run = option(args, "--run_name")
         assert run is not None and run.startswith(f"{prefix}/"), f"{args}: no --run_name {prefix}/<name>"
         config = option(args, "--config")
         assert config is not None and (REPO / config).is_file(), f"{args}: missing config {config}"
         if (ckpt := option(args, "--ckpt_path")) is not None:
-            writer = re.fullmatch(r"runs/(.+)/checkpoints/last\.ckpt", ckpt)
-            assert writer and writer[1] in fitted, f"{ckpt} is read before a fit line writes it"
+            assert read_run(ckpt) in fitted, f"{ckpt} is read before a fit line writes it"
         text = (REPO / config).read_text()
         for pretrained in re.findall(r"runs/(\S+)/checkpoints/last\.ckpt", text):
             assert pretrained in fitted, f"{config} reads {pretrained} before a fit line writes it"
-        name = run.removeprefix(f"{prefix}/")
-        (fitted if args[0] == "fit" else tested).add(run if args[0] == "fit" else name)
-    methods = {*BYTE_METHODS, *GPT2_FINETUNED, *EVAL_ONLY}
-    assert tested == methods
-    # The tiny sweep pretrains its own small GPT-2; the paper sweep fine-tunes GPT-2 small from the hub.
-    pretrain = {"gpt2_pretrain"} if prefix == "compare_tiny" else set()
-    assert {run.removeprefix(f"{prefix}/") for run in fitted} == {*BYTE_METHODS, *GPT2_FINETUNED, *pretrain}
+            read_by_configs.add(pretrained.removeprefix(f"{prefix}/"))
+        (fitted if args[0] == "fit" else tested).add(
+            run if args[0] == "fit" else run.removeprefix(f"{prefix}/")
+        )
+    fitted_names = {run.removeprefix(f"{prefix}/") for run in fitted}
+    # Every fit is tested under its own name but a pretraining the others fine-tune (the tiny sweep
+    # pretrains its own small GPT-2; the paper sweep fine-tunes GPT-2 small from the hub); the other
+    # test lines evaluate a fit's checkpoint under a name of their own (TRAMS, the oracle).
+    pretraining = fitted_names - tested
+    assert pretraining == ({"gpt2_pretrain"} if prefix == "compare_tiny" else set())
+    assert pretraining <= read_by_configs
+    assert tested == (fitted_names - pretraining) | set(evaluated_only(sweep))
+    assert set(evaluated_only(sweep)) == {"trams", "oracle"}
+
+
+def model_class_path(config: Path) -> str | None:
+    """The config's `model.class_path`, from the file or the base it names (`config:`), without the
+    CLI parser (`resolve` takes seconds per config)."""
+    text = yaml.safe_load(config.read_text()) or {}
+    model = text.get("model") or {}
+    found = text.get("model.class_path") or (model.get("class_path") if isinstance(model, dict) else None)
+    bases = text.get("config") or []
+    for base in [bases] if isinstance(bases, str) else bases:
+        found = found or model_class_path(config.parent / base)
+    return found
+
+
+@pytest.mark.parametrize("sweep", ["compare_tiny.txt", "compare_paper.txt"])
+def test_every_registered_method_is_in_the_head_to_head(sweep):
+    classes = {model_class_path(config) for config in fit_configs(sweep).values()}
+    assert {method.module for method in registry.METHODS.values()} <= classes
 
 
 def test_tiny_sweep_checkpoints_match_their_configs():
-    """TRAMS and the oracle differ from the Transformer-XL config only in evaluation knobs."""
-    xl = resolve(COMPARE / "tiny_transformer_xl.yaml")
-    for name in EVAL_ONLY:
+    """TRAMS and the oracle differ from the config that trained their checkpoint (Transformer-XL's)
+    only in evaluation knobs."""
+    for name, trained_by in evaluated_only("compare_tiny.txt").items():
+        trained = resolve(COMPARE / f"tiny_{trained_by}.yaml")
         other = resolve(COMPARE / f"tiny_{name}.yaml")
-        changed = {k for k, v in other["model"]["init_args"].items() if xl["model"]["init_args"][k] != v}
+        changed = {k for k, v in other["model"]["init_args"].items() if trained["model"]["init_args"][k] != v}
         assert changed <= {"evaluation", "trams"}
-        assert other["data"] == xl["data"]
+        assert other["data"] == trained["data"]
 
 
 def non_embedding_parameters(config: dict) -> int:
@@ -108,16 +157,19 @@ def compression_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 @pytest.mark.slow
 def test_tiny_runs_read_the_same_text_with_the_same_budget_and_size():
-    configs = {
-        n: resolve(COMPARE / f"tiny_{n}.yaml") for n in (*BYTE_METHODS, "gpt2_pretrain", *GPT2_FINETUNED)
-    }
+    configs = {name: resolve(path) for name, path in fit_configs("compare_tiny.txt").items()}
+    byte_methods = {name for name, config in configs.items() if config["data"]["tokenizer"] == "bytes"}
+    gpt2_finetuned = [
+        name for name, config in configs.items() if config["model"]["init_args"].get("pretrained")
+    ]
+    assert {"gpt2_window", "recurrent_gpt2", "recurrent_memory"} <= set(gpt2_finetuned)
     for name, config in configs.items():
         data, trainer = config["data"], config["trainer"]
         assert data["corpus"] == "wikitext103_text", name
         assert data["split_sources"] == {"train": "valid", "valid": "test", "test": "test"}, name
         # The same fraction of the same number of equal test rows: the same text, up to BPE boundaries.
         assert (data["eval_batch_size"], trainer["limit_test_batches"]) == (16, 0.125), name
-        if name in BYTE_METHODS:
+        if name in byte_methods:
             assert data["tokenizer"] == "bytes"
             assert trainer["max_steps"] * data["batch_size"] * data["tgt_len"] == BUDGET_BYTES, name
     bpe_tokens = {
@@ -125,9 +177,9 @@ def test_tiny_runs_read_the_same_text_with_the_same_budget_and_size():
         * configs[name]["data"]["batch_size"]
         * configs[name]["data"]["windows_per_batch"]
         * configs[name]["data"]["tgt_len"]
-        for name in ("gpt2_pretrain", *GPT2_FINETUNED)
+        for name in ("gpt2_pretrain", *gpt2_finetuned)
     }
-    for name in GPT2_FINETUNED:
+    for name in gpt2_finetuned:
         seen_bytes = (bpe_tokens["gpt2_pretrain"] + bpe_tokens[name]) * TRAIN_BYTES / TRAIN_BPE_TOKENS
         assert seen_bytes == pytest.approx(BUDGET_BYTES, rel=0.01), name
     sizes = {name: non_embedding_parameters(config) for name, config in configs.items()}

@@ -28,7 +28,7 @@ from longctx.methods.compressive_transformer.module import (
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.network import TransformerXL
 from tests.lm_fixtures import SyntheticData, cpu_trainer
-from tests.methods import tiny_compressive_transformer
+from tests.methods import tiny as tiny_method
 
 SIZES = dict(n_layers=2, d_model=16, n_heads=2, d_inner=24, dropout=0.0)
 VOCAB = 30
@@ -364,7 +364,7 @@ def test_flops_are_what_an_evaluation_step_computes(cache_kv):
 # ---------------------------------------------------------------------------------- Lightning module
 def tiny(**kwargs) -> CompressiveTransformerLM:
     torch.manual_seed(0)
-    return tiny_compressive_transformer(**kwargs, optimizer=partial(torch.optim.Adam, lr=1e-3))
+    return tiny_method("compressive_transformer", **kwargs, optimizer=partial(torch.optim.Adam, lr=1e-3))
 
 
 def test_module_evaluates_with_its_own_memory_sizes():

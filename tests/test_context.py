@@ -32,7 +32,7 @@ from longctx.diagnostics.footprint import evaluation_bytes
 from longctx.diagnostics.recl import Gain, Recl, relative_effective_context_length, relative_gain
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.transformer_xl.module import TransformerXLLM
-from tests.methods import tiny_adaptive_span, tiny_recurrence, tiny_transformer_xl, tiny_window_transformer
+from tests.methods import tiny
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,8 +131,8 @@ def test_a_span_cap_of_c_reads_what_a_span_of_c_reads():
     """A fixed-span model (S = 16) capped at 8 equals the same weights with S = 8 (key_pe's last 8
     columns); with no cap it differs."""
     torch.manual_seed(0)
-    wide = tiny_adaptive_span(span="fixed", attn_span=16, dropout=0.0).eval()
-    narrow = tiny_adaptive_span(span="fixed", attn_span=8, dropout=0.0).eval()
+    wide = tiny("adaptive_span", span="fixed", attn_span=16, dropout=0.0).eval()
+    narrow = tiny("adaptive_span", span="fixed", attn_span=8, dropout=0.0).eval()
     state = wide.state_dict()
     state["net.key_pe"] = state["net.key_pe"][:, -8:]
     narrow.load_state_dict(state)
@@ -143,7 +143,7 @@ def test_a_span_cap_of_c_reads_what_a_span_of_c_reads():
 
 def test_the_span_cap_is_an_evaluation_knob_of_adaptive_spans():
     torch.manual_seed(0)
-    model = tiny_adaptive_span(span_init=1.0, span_ramp=4, dropout=0.0).eval()
+    model = tiny("adaptive_span", span_init=1.0, span_ramp=4, dropout=0.0).eval()
     blocks = torch.randint(0, 64, (2, 32))
     torch.testing.assert_close(block_logits(model, blocks, span_cap=32), block_logits(model, blocks))
     assert not torch.allclose(block_logits(model, blocks, span_cap=4), block_logits(model, blocks), atol=1e-4)
@@ -156,12 +156,12 @@ def test_the_span_cap_is_an_evaluation_knob_of_adaptive_spans():
     assert not torch.allclose(capped, free, atol=1e-4)
     torch.testing.assert_close(trained, free)  # training ignores the evaluation cap
     with pytest.raises(ValueError, match=r"eval_span_cap must be in \[1, attn_span = 32\]"):
-        tiny_adaptive_span(eval_span_cap=33)
+        tiny("adaptive_span", eval_span_cap=33)
 
 
 def test_h_prev_reset_scores_every_window_as_if_it_were_alone():
     torch.manual_seed(0)
-    model = tiny_recurrence().eval()
+    model = tiny("recurrence").eval()
     x, target = torch.randint(0, 64, (2, 2, 8)), torch.randint(0, 64, (2, 2, 8))
     batch = {"input": x, "target": target, "mask": torch.ones(2, 2, 8, dtype=torch.bool),
              "reset": torch.zeros(2, 2, dtype=torch.bool)}  # fmt: skip
@@ -258,7 +258,10 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match=r"^error: --ckpt_path missing.ckpt: no such checkpoint file$"):
         context_main(["--config", "c.yaml", "--ckpt_path", "missing.ckpt"])
-    with pytest.raises(SystemExit, match=r"^error: --axis depth: unknown context axis; choose one of memory"):
+    known = "span_cap, compressed, memory, attended, window, overlap"  # the registry's methods', the data's
+    with pytest.raises(
+        SystemExit, match=rf"^error: --axis depth: unknown context axis; choose one of {known}$"
+    ):
         context_main(["--config", "c.yaml", "--ckpt_path", "missing.ckpt", "--axis", "depth"])
     with pytest.raises(SystemExit, match=r"^error: 2 --config but 1 --ckpt_path: give one checkpoint per"):
         context_main(["--config", "a.yaml", "--config", "b.yaml", "--ckpt_path", "a.ckpt"])
@@ -285,10 +288,10 @@ def test_an_axis_or_length_the_model_cannot_take_is_one_line(xl_checkpoint):
 
 
 TINY = {
-    "window": lambda: tiny_window_transformer(n_layers=1),  # window 16
-    "span": lambda: tiny_adaptive_span(),  # S = 32
-    "trams": lambda: tiny_transformer_xl(trams_attended=8, trams_kept=4),  # pool 16
-    "gpt2": lambda: tiny_recurrence(),  # n_positions 32
+    "window": lambda: tiny("window_transformer", n_layers=1),  # window 16
+    "span": lambda: tiny("adaptive_span"),  # S = 32
+    "trams": lambda: tiny("transformer_xl", trams_attended=8, trams_kept=4),  # pool 16
+    "gpt2": lambda: tiny("recurrence"),  # n_positions 32
 }
 
 
@@ -313,7 +316,7 @@ def test_each_axis_refuses_lengths_beyond_the_model(tmp_path, axis, model, mode,
 def test_lengths_whose_memory_cannot_fit_are_refused_before_anything_is_allocated(tmp_path, monkeypatch):
     """`--lengths 100000000` tried to allocate 819 GB, then failed in a 96-line traceback: each length's
     evaluation step is estimated first against the memory the device has (here said to be 100 MB)."""
-    model = tiny_transformer_xl()  # 2 layers, d 16, 2 heads
+    model = tiny("transformer_xl")  # 2 layers, d 16, 2 heads
     data = LMDataModule("sample", cache_dir=str(tmp_path), tgt_len=16, eval_batch_size=4)
     monkeypatch.setattr(context, "available_bytes", lambda device: 10**8)
     memory = axis_named("memory")
@@ -339,7 +342,7 @@ def test_lengths_whose_memory_cannot_fit_are_refused_before_anything_is_allocate
 def test_the_estimate_covers_the_memory_a_transformer_xl_evaluation_holds():
     """The dominant term is real: the buffers of the evaluation's key/value cache (and carried states)
     after two segments at memory 512 lie within the estimate, and are most of it."""
-    model = tiny_transformer_xl(eval_mem_len=512).eval()
+    model = tiny("transformer_xl", eval_mem_len=512).eval()
     data = SimpleNamespace(eval_batch_size=2, eval_tgt_len=16)
     memory = model.init_memory(2)
     tokens = torch.randint(0, 64, (2, 16))
@@ -516,7 +519,7 @@ def test_the_compressive_transformer_sweeps_its_compressed_memory_then_its_memor
     assert (model.eval_lengths.cmem_len, model.eval_lengths.mem_len) == (4, 2)
     assert (model.train_lengths.cmem_len, model.train_lengths.mem_len) == (16, 8)
     with pytest.raises(AxisError, match="--axis compressed does not apply to TransformerXLLM"):
-        axis_named("compressed").lengths_for(tiny_transformer_xl(), data, [1])
+        axis_named("compressed").lengths_for(tiny("transformer_xl"), data, [1])
 
 
 @pytest.mark.slow

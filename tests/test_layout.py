@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,7 @@ SHARED_METHOD_PARTS = {
         "drop_output_capturing_hooks",
         "restore_after_unpickling",
     },
+    "longctx/methods/transformer_xl/context_axes.py": {"MEMORY"},
 }
 
 
@@ -304,11 +306,6 @@ def test_the_run_layout_imports_neither_lightning_nor_torch():
     assert not {m for m in imported_modules(path) if m.split(".")[0] in ("torch", "numpy")}
 
 
-# Shared modules that still reach methods: the `context` command's per-method axes (each axis names
-# the module class it applies to). Everything else outside `longctx/methods/` imports no method.
-REACHES_METHODS = {"longctx/diagnostics/axes.py", "longctx/context.py"}
-
-
 def method_imports(root: Path) -> list[str]:
     """The method modules (`longctx/methods/<method>/...`) `root` reaches, directly or transitively."""
     seen, todo = set(), [root]
@@ -328,16 +325,73 @@ SHARED = sorted(
 
 @pytest.mark.parametrize("path", SHARED, ids=lambda p: str(p.relative_to(REPO / "longctx")))
 def test_shared_code_imports_no_method(path):
-    """The generic CLI, the command table, the checkpoints and the base work for any method: a method
-    is reached through a table of import paths (`commands.py`, `checkpoints/convert.py`), never imported."""
-    if str(path.relative_to(REPO)) in REACHES_METHODS:
-        assert method_imports(path) != []  # drop it from REACHES_METHODS when it no longer does
-    else:
-        assert method_imports(path) == []
+    """The generic CLI, the command table, the checkpoints, `report`, `context` and the base work for
+    any method: a method is reached through the registry (import paths), never imported."""
+    assert method_imports(path) == []
 
 
-def test_the_method_import_check_sees_through_other_modules():
-    assert "longctx/methods/window_transformer/module.py" in method_imports(REPO / "longctx" / "context.py")
+def test_the_method_import_check_sees_through_other_modules(tmp_path, monkeypatch):
+    for folder in ("longctx/methods/m", "longctx/diagnostics"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "longctx" / "methods" / "m" / "module.py").write_text("X = 1\n")
+    (tmp_path / "longctx" / "diagnostics" / "axes.py").write_text("from longctx.methods.m.module import X\n")
+    (tmp_path / "longctx" / "context.py").write_text("def f():\n    from longctx.diagnostics import axes\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert method_imports(tmp_path / "longctx" / "context.py") == ["longctx/methods/m/module.py"]
+
+
+def method_names_in_code(path: Path, methods: Iterable[str]) -> list[str]:
+    """`file:line text` for every string in `path`'s code (docstrings aside: they may cite an example)
+    that names a method's folder (`longctx.methods.<m>`, `methods/<m>`) or is a method's name."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+    pattern = re.compile(rf"^({'|'.join(methods)})$|methods[./]({'|'.join(methods)})\b")
+    found = [
+        (node.lineno, node.col_offset, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        and pattern.search(node.value)
+    ]  # fmt: skip
+    return [f"{path.relative_to(REPO)}:{line} {value}" for line, _, value in sorted(found)]
+
+
+# Code that serves every method and must name none: the package outside the method folders (the
+# registry aside: it is the one table naming them), the compile benchmark, the tests' method table and
+# golden runs, and the cross-method tests that iterate the registry.
+ITERATES_THE_REGISTRY = [
+    *(p for p in SHARED),
+    *(p for p in (REPO / "longctx" / "methods").glob("*.py") if p.name != "registry.py"),
+    REPO / "benchmarks" / "compile.py",
+    REPO / "tests" / "methods.py",
+    REPO / "tests" / "golden_runs.py",
+]
+
+
+@pytest.mark.parametrize("path", ITERATES_THE_REGISTRY, ids=lambda p: str(p.relative_to(REPO)))
+def test_shared_code_names_no_method(path):
+    """Adding a method is its folder, its configs and its registry entry (docs/architecture.md): no
+    shared table lists methods by hand."""
+    assert method_names_in_code(path, registry.METHODS) == []
+
+
+def test_the_method_name_check_finds_a_hand_kept_table(tmp_path, monkeypatch):
+    path = tmp_path / "table.py"
+    path.write_text(
+        '"""Docs may cite longctx.methods.a.module."""\n'
+        'TABLE = {"a": 1, "formats": "longctx.methods.a.convert", "other": "ab"}\n'
+        'PATH = "longctx/methods/a/module.py"\n'
+    )
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert method_names_in_code(path, ["a"]) == [
+        "table.py:2 a",
+        "table.py:2 longctx.methods.a.convert",
+        "table.py:3 longctx/methods/a/module.py",
+    ]
 
 
 # A method's notation table (its package docstring) maps the paper's symbols to `file.py:Name` or

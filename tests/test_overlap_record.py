@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from longctx.methods.recurrence.overlap_record import evaluated, finished_overlaps, save_overlaps
-from tests.methods import GPT2_SIZES, VOCAB, tiny_recurrence
+from tests.methods import GPT2_SIZES, VOCAB, tiny
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = {"split": "test", "checkpoint": None, "settings": "abc"}
@@ -49,7 +49,7 @@ def test_a_record_written_before_the_knob_groups_is_still_recognised():
     settings = {"model": flat_hparams, "data": {"corpus": "sample"}, "limit_batches": 2}
     settings |= {"precision": "32-true", "world_size": 1}
     before = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    assert evaluated(trainer, tiny_recurrence(), data, None, "test")["settings"] == before
+    assert evaluated(trainer, tiny("recurrence"), data, None, "test")["settings"] == before
 
 
 def overlaps_args(tmp_path: Path, overlaps: str, *extra: str) -> list[str]:

@@ -25,7 +25,7 @@ from longctx.data.datamodule import LMDataModule
 from longctx.data.synth import SynthSettings, generate, load_marks
 from longctx.data.text_files import TextFileError
 from tests.lm_fixtures import SyntheticData, WindowData, cpu_trainer
-from tests.methods import TINY, VOCAB, tiny_compressive_transformer, tiny_recurrence, tiny_transformer_xl
+from tests.methods import TINY, VOCAB, tiny
 from tests.test_mqar import SMALL
 
 MQAR_SMALL = {**SMALL, "min_distance": 6, "max_distance": 20, "train_tokens": 3000, "eval_tokens": 1000}
@@ -34,18 +34,18 @@ ADAPTIVE = {"cutoffs": [4, 7], "div_val": 2}  # a head of 4 words and two tail c
 SLOW = pytest.mark.slow  # the same argmax code as a fast case (XL's adaptive softmax, its TRAMS, RPE)
 METHODS = {
     **{name: (method.build, method.data) for name, method in TINY.items()},
-    "transformer_xl_adaptive_softmax": (lambda **k: tiny_transformer_xl(**ADAPTIVE, **k), SyntheticData),
+    "transformer_xl_adaptive_softmax": (lambda **k: tiny("transformer_xl", **ADAPTIVE, **k), SyntheticData),
     "compressive_adaptive_softmax": (
-        lambda **k: tiny_compressive_transformer(**ADAPTIVE, **k),
+        lambda **k: tiny("compressive_transformer", **ADAPTIVE, **k),
         SyntheticData,
     ),
     "trams": (
-        lambda **k: tiny_transformer_xl(protocol="trams", trams_attended=8, trams_kept=4, **k),
+        lambda **k: tiny("transformer_xl", protocol="trams", trams_attended=8, trams_kept=4, **k),
         SyntheticData,
     ),
-    "rpe": (lambda **k: tiny_transformer_xl(mem_len=0, **k), SyntheticData),
-    "gpt2_window": (lambda **k: tiny_recurrence(recurrence=False, **k), WindowData),
-    "recurrence_chunked_head": (lambda **k: tiny_recurrence(loss_chunk=5, **k), WindowData),
+    "rpe": (lambda **k: tiny("transformer_xl", mem_len=0, **k), SyntheticData),
+    "gpt2_window": (lambda **k: tiny("recurrence", recurrence=False, **k), WindowData),
+    "recurrence_chunked_head": (lambda **k: tiny("recurrence", loss_chunk=5, **k), WindowData),
 }
 
 
@@ -214,13 +214,13 @@ def carried_numbers(model: LMBase, data_class: type[SyntheticData]) -> list[int]
 @pytest.mark.parametrize(
     "method,build,data_class,slack",
     [
-        ("transformer_xl", tiny_transformer_xl, SyntheticData, 0),
-        ("rpe", lambda: tiny_transformer_xl(mem_len=0), SyntheticData, 0),
+        ("transformer_xl", TINY["transformer_xl"].build, SyntheticData, 0),
+        ("rpe", lambda: tiny("transformer_xl", mem_len=0), SyntheticData, 0),
         ("fixed_span", lambda: TINY["adaptive_span"].build(span="fixed"), SyntheticData, 0),
         # Its memory keeps up to c - 1 states beyond n_m until they fill a group to compress.
-        ("compressive", tiny_compressive_transformer, SyntheticData, 1 * 16),
-        ("recurrence", tiny_recurrence, WindowData, 0),
-        ("gpt2_window", lambda: tiny_recurrence(recurrence=False), WindowData, 0),
+        ("compressive", TINY["compressive_transformer"].build, SyntheticData, 1 * 16),
+        ("recurrence", TINY["recurrence"].build, WindowData, 0),
+        ("gpt2_window", lambda: tiny("recurrence", recurrence=False), WindowData, 0),
         ("window_transformer", TINY["window_transformer"].build, SyntheticData, 0),
     ],
 )
@@ -236,7 +236,7 @@ def test_words_text_is_scored_token_by_token_and_its_marks_give_the_recall(tmp_p
     and the logged recall is the share of `correct` at the sidecar's answers."""
     mqar.generate(mqar.MQARSettings(**MQAR_SMALL), tmp_path / "mqar")
     data = text_files_data(tmp_path / "mqar", "words", tmp_path / "cache")
-    model = tiny_transformer_xl(vocab_size=data.vocab_size)
+    model = tiny("transformer_xl", vocab_size=data.vocab_size)
     trainer = cpu_trainer(tmp_path, callbacks=[TokenNLLWriter()])
     metrics = trainer.validate(model, datamodule=data, verbose=False)[0]
     with np.load(tmp_path / "token_nll.npz") as per_token:

@@ -22,7 +22,7 @@ from longctx.data.streams import SegmentStream
 from longctx.methods.recurrence.module import RecurrentGPT2LM
 from longctx.methods.transformer_xl.module import drop_last_scored
 from tests.lm_fixtures import SyntheticData, WindowData, cpu_trainer
-from tests.methods import TINY, tiny_recurrence, tiny_transformer_xl
+from tests.methods import TINY, tiny
 
 REPO = Path(__file__).resolve().parents[1]
 N_TOKENS = 1003
@@ -44,13 +44,13 @@ class TargetEchoLM(LMBase):
 # (model factory, data module class).
 METHODS = {
     **{name: (method.build, method.data) for name, method in TINY.items()},
-    "transformer_xl_trams_protocol": (lambda: tiny_transformer_xl(protocol="trams"), SyntheticData),
+    "transformer_xl_trams_protocol": (lambda: tiny("transformer_xl", protocol="trams"), SyntheticData),
     "trams": (
-        lambda: tiny_transformer_xl(protocol="trams", trams_attended=8, trams_kept=4),
+        lambda: tiny("transformer_xl", protocol="trams", trams_attended=8, trams_kept=4),
         SyntheticData,
     ),
-    "rpe": (lambda: tiny_transformer_xl(mem_len=0), SyntheticData),
-    "gpt2_window": (lambda: tiny_recurrence(recurrence=False), WindowData),
+    "rpe": (lambda: tiny("transformer_xl", mem_len=0), SyntheticData),
+    "gpt2_window": (lambda: tiny("recurrence", recurrence=False), WindowData),
 }
 
 

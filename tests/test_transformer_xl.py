@@ -29,7 +29,7 @@ from longctx.methods.transformer_xl.relative_attention import (
 from longctx.methods.transformer_xl.trams import TramsSettings
 from tests.knob_checks import assert_same_weights, save_with_hparams
 from tests.lm_fixtures import SyntheticData, cpu_trainer
-from tests.methods import tiny_transformer_xl
+from tests.methods import tiny as tiny_method
 from tests.xl_layers import attend, attention_layer
 
 RESOLVED = Path(__file__).resolve().parent / "fixtures" / "resolved_configs"
@@ -306,7 +306,8 @@ def test_wt103_config_has_the_papers_151M_parameters():
 # ---------------------------------------------------------------------------------- Lightning module
 def tiny(**kwargs) -> TransformerXLLM:
     torch.manual_seed(0)
-    return tiny_transformer_xl(**{"dropout": 0.0, **kwargs}, optimizer=partial(torch.optim.Adam, lr=1e-3))
+    adam = partial(torch.optim.Adam, lr=1e-3)
+    return tiny_method("transformer_xl", **{"dropout": 0.0, **kwargs}, optimizer=adam)
 
 
 @pytest.mark.slow  # a fit and three evaluations through Lightning (~12 s CPU)

@@ -43,16 +43,13 @@ from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.errors import OneLineArgumentParser, reported_as_one_line
+from longctx.methods import registry
 
 # format -> module with `MODEL_CLASS`, `ARCH_KEYS`, `read_vocab(fmt, source, vocab)` (the word
 # vocabulary in the checkpoint's id order, or None), `architecture(fmt, source)` (the checkpoint's
 # sizes as model.init_args), `configured(init_args)` (the config's, in the same keys) and
-# `convert(fmt, source, model, datamodule, vocab)`.
-FORMATS = {
-    "adaptive-span": "longctx.methods.adaptive_span.convert",
-    "transfo-xl-hf": "longctx.methods.transformer_xl.convert",
-    "transfo-xl": "longctx.methods.transformer_xl.convert",
-}
+# `convert(fmt, source, model, datamodule, vocab)`: each method's `checkpoint_formats` (its registry entry).
+FORMATS = registry.checkpoint_formats()
 
 
 class ConvertError(ValueError):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
@@ -105,6 +105,10 @@ class LMBase(pl.LightningModule):
     # Flat names of the knob groups' fields (`longctx.core.knob_groups`): group argument → prefix, e.g.
     # {"evaluation": "eval_"}: `eval_mem_len=64` is `evaluation.mem_len`. Groups not named: no prefix.
     flat_prefixes: ClassVar[dict[str, str]] = {}
+    # The module's own evaluation knobs that set how much context it may use, as context axes
+    # (`longctx.diagnostics.axes.Axis`, for `python -m longctx context`): the first that applies to a
+    # model is its default axis; the data module's window and overlap apply to every model besides.
+    context_axes: ClassVar[tuple[Any, ...]] = ()
     # Per-target NLL of the running evaluation: set by `TokenNLLWriter` (`--write_token_nll true`) only.
     token_nll_collector: TokenNLLCollector | None = None
     # Set by the base while `step` runs an evaluation batch that needs `StepOutput.correct` (the split
@@ -220,6 +224,23 @@ class LMBase(pl.LightningModule):
         scores, a feed-forward activation (`longctx.diagnostics.footprint`, which `context` checks
         before it allocates a length). Each method counts its own."""
         raise NotImplementedError(f"{type(self).__name__} declares no evaluation footprint")
+
+    @classmethod
+    def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str | None:
+        """What tells this method's runs apart (memory length, span kind, window and overlap), the
+        `variant` column of `python -m longctx report`, from a run's resolved config: `model`, its model
+        init arguments with the knob groups' fields under their flat names (runs from before the groups
+        and after read alike), `data`, the data module's. None: nothing told (a dash)."""
+        return None
+
+    def context_variants(self) -> Sequence[Any]:
+        """The settings every point of a `context` sweep is evaluated under, one line of its figure each
+        (`longctx.diagnostics.axes.Variant`); none: the model as built."""
+        return ()
+
+    def longest_window(self) -> int | None:
+        """The longest segment (window) the network's positions take at evaluation; None: no limit."""
+        return None
 
     def optimizer_param_groups(self) -> list[dict[str, Any]] | Any:
         """Parameters (or parameter groups) handed to the optimizer factory."""

@@ -14,6 +14,7 @@ The paper's symbols and where each lives in this folder: the package docstring (
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.recall import target_is_argmax
+from longctx.diagnostics.axes import Axis
 from longctx.diagnostics.footprint import feed_forward_elements
 from longctx.methods.adaptive_span import flops as span_flops
 from longctx.methods.adaptive_span.figures import SpanFigure
@@ -31,6 +33,17 @@ from longctx.methods.adaptive_span.mask import reported_span
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
 from longctx.optim.adagrad import ClippedAdagrad
+
+# The span cap as a context axis (`longctx.diagnostics.axes`): the farthest distance any head attends.
+SPAN_CAP = Axis(
+    "span_cap",
+    applies=lambda model, data: True,
+    why_not="it caps the attended distance of adaptive-span models (eval_span_cap)",
+    limits=lambda model, data: (1, model.net.config.attn_span),
+    default_max=lambda model, data: model.net.config.attn_span,
+    set=lambda model, data, length: setattr(model, "eval_span_cap", length),
+    flags=lambda model, data, length: ["--model.init_args.eval_span_cap", str(length)],
+)
 
 
 class AdaptiveSpanLM(LMBase):
@@ -61,6 +74,8 @@ class AdaptiveSpanLM(LMBase):
     """
 
     batch_mode = "segments"
+
+    context_axes = (SPAN_CAP,)  # `context`: eval_span_cap
 
     def __init__(
         self,
@@ -161,6 +176,11 @@ class AdaptiveSpanLM(LMBase):
         if config.span == "dynamic" and self._last_spans:
             return [z.float().cpu() for z in self._last_spans]
         return [torch.full((config.n_heads,), float(config.attn_span)) for _ in self.net.layers]
+
+    @classmethod
+    def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+        """The span kind and the maximum span S."""
+        return f"{model.get('span')} span S={model.get('attn_span')}"
 
     def state_size(self) -> int:
         """cap·d numbers per layer: the cached states the farthest query may attend at evaluation

@@ -33,6 +33,7 @@ averaged over layers, heads, queries and rows, and `compressed_mass_layer{i}`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -42,11 +43,14 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.run_settings import first_set
+from longctx.diagnostics.axes import Axis, knob_flag
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
+from longctx.methods.transformer_xl.context_axes import MEMORY
 from longctx.methods.transformer_xl.memory import length_attributes
 
 
@@ -57,6 +61,23 @@ class CompressiveEvaluationMemory(CompressiveLengths):
     memories again every segment (exact; as Transformer-XL's `EvaluationMemory.cache_kv`)."""
 
     cache_kv: bool = True
+
+
+def _set_compressed(model: CompressiveTransformerLM, data: Any, length: int) -> None:
+    model.eval_lengths = dataclasses.replace(model.eval_lengths, cmem_len=length)
+
+
+# The compressed memory n_cm as a context axis (`longctx.diagnostics.axes`): a length in attended
+# slots, so the last layer reaches n_m + c·n_cm back.
+COMPRESSED = Axis(
+    "compressed",
+    applies=lambda model, data: True,
+    why_not="it is the compressed memory n_cm of the Compressive Transformer (evaluation.cmem_len)",
+    limits=lambda model, data: (0, None),
+    default_max=lambda model, data: model.eval_lengths.cmem_len,
+    set=_set_compressed,
+    flags=lambda model, data, length: knob_flag(model, "eval_cmem_len", length),
+)
 
 
 class CompressiveTransformerLM(LMBase):
@@ -89,6 +110,9 @@ class CompressiveTransformerLM(LMBase):
 
     batch_mode = "segments"
     flat_prefixes: ClassVar[dict[str, str]] = {"evaluation": "eval_"}
+
+    # `context` sweeps n_cm by default (n_m stays evaluation.mem_len), or n_m with `--axis memory`.
+    context_axes = (COMPRESSED, MEMORY)
 
     def __init__(
         self,
@@ -138,6 +162,20 @@ class CompressiveTransformerLM(LMBase):
         return ct_memory.reset_compressive_memory_rows(memory, reset)
 
     # ------------------------------------------------------------------ cost
+    @classmethod
+    def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+        """Its evaluation memories n_m + n_cm, f_c and c, and how far they reach."""
+        trained = (model.get("mem_len"), model.get("cmem_len"))
+        memory = first_set(model.get("eval_mem_len"), trained[0])
+        compressed = first_set(model.get("eval_cmem_len"), trained[1])
+        rate = model.get("compression_rate")
+        kind = f"memory {memory} + compressed {compressed} ({model.get('compression')}, c={rate})"
+        if isinstance(memory, int) and isinstance(compressed, int) and isinstance(rate, int):
+            kind += f", reaches {memory + rate * compressed}"
+        if (memory, compressed) != trained:
+            kind += f" (trained with {trained[0]} + {trained[1]})"
+        return kind
+
     def state_size(self) -> int:
         """(n_m + n_cm)·d numbers per layer at evaluation: the memory and the compressed memory."""
         return (self.eval_lengths.mem_len + self.eval_lengths.cmem_len) * self.net.d_model

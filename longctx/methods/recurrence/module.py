@@ -28,6 +28,7 @@ The paper's symbols and where each lives in this folder: the package docstring (
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -36,6 +37,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.run_settings import eval_window, first_set
+from longctx.diagnostics.axes import Variant
 from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
 from longctx.methods.recurrence.hf import (
@@ -153,6 +156,32 @@ class RecurrentGPT2LM(LMBase):
         else:
             (nll, correct), memory = self._baseline_scores(x, batch["target"], use_checkpoint), None
         return StepOutput(nll=nll, memory=memory, correct=correct)
+
+    @classmethod
+    def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+        """Recurrence on (its layer; h_prev carried or reset) or off, and the evaluation's window and
+        overlap."""
+        overlap = first_set(data.get("eval_overlap"), data.get("overlap"))
+        recurrence = model.get("recurrence")
+        kind = f"recurrence on (layer {model.get('insert_layer')})" if recurrence else "recurrence off"
+        if recurrence and model.get("eval_h_prev") == "reset":
+            kind += ", h_prev reset every window"  # `--model.init_args.eval_h_prev reset`
+        return f"{kind}, window {eval_window(data)} overlap {overlap}"
+
+    def longest_window(self) -> int:
+        """The GPT-2's learned positions: `n_positions`."""
+        return self.lm.config.n_positions
+
+    def context_variants(self) -> list[Variant]:
+        """With recurrence, h_prev carried and reset: two lines of a `context` figure."""
+        if self.recurrence is None:
+            return []
+        return [
+            Variant("", "", lambda m: setattr(m, "eval_h_prev", "carried"),
+                    ["--model.init_args.eval_h_prev", "carried"]),
+            Variant(" (h_prev reset)", "_reset", lambda m: setattr(m, "eval_h_prev", "reset"),
+                    ["--model.init_args.eval_h_prev", "reset"]),
+        ]  # fmt: skip
 
     def state_size(self) -> int:
         """d: the one vector h_prev carried from window to window (read at layer ℓ_ins); 0 for the

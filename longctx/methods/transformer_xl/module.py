@@ -39,6 +39,7 @@ The papers' symbols and where each lives in this folder: the package docstring (
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -48,9 +49,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.run_settings import first_set
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl import memory as xl_memory
+from longctx.methods.transformer_xl.context_axes import ATTENDED, MEMORY
 from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory, length_attributes
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
@@ -102,6 +105,8 @@ class TransformerXLLM(LMBase):
 
     batch_mode = "segments"
     flat_prefixes: ClassVar[dict[str, str]] = {"evaluation": "eval_", "trams": "trams_"}
+
+    context_axes = (MEMORY, ATTENDED)  # `context`: M, or TRAMS's m
 
     def __init__(
         self,
@@ -164,6 +169,21 @@ class TransformerXLLM(LMBase):
         return xl_memory.reset_memory_rows(memory, reset, zero_fill=zero_fill)
 
     # ------------------------------------------------------------------ cost
+    @classmethod
+    def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+        """Its evaluation: TRAMS m/M, plain XL memory, or no memory (RPE), and the protocol."""
+        mem_len = model.get("mem_len")
+        memory = first_set(model.get("eval_mem_len"), mem_len)
+        if model.get("trams_attended") is not None:
+            pool = first_set(model.get("trams_pool"), memory)
+            kind = f"TRAMS m={model['trams_attended']} M={pool} kept={model.get('trams_kept')}"
+            kind += f" metric={model.get('trams_metric')}"
+        elif memory == 0:
+            kind = "no memory (RPE)" if mem_len == 0 else f"no memory (trained with {mem_len})"
+        else:
+            kind = f"XL memory {memory}" + (f" (trained with {mem_len})" if mem_len != memory else "")
+        return f"{kind}, protocol {model.get('protocol')}"
+
     def state_size(self) -> int:
         """The evaluation memory's m·d numbers per layer (TRAMS: the m slots attended of its pool;
         RPE, memory 0: 0). The keys and values are projections of these states."""

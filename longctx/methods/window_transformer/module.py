@@ -8,6 +8,7 @@ predicted from one token and the last from L. This is the cost/quality floor the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.recall import target_is_argmax
+from longctx.core.run_settings import eval_window
 from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.window_transformer.flops import flops_per_token
 from longctx.methods.window_transformer.network import WindowTransformer
@@ -54,6 +56,15 @@ class WindowTransformerLM(LMBase):
         nll = F.cross_entropy(logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, L)
         correct = target_is_argmax(logits, batch["target"]) if self.wants_correct else None
         return StepOutput(nll=nll, memory=None, correct=correct)
+
+    @classmethod
+    def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+        """The evaluation window (no memory)."""
+        return f"no memory, window {eval_window(data)}"
+
+    def longest_window(self) -> int:
+        """Its learned positions: `max_len`."""
+        return self.net.config.max_len
 
     def state_size(self) -> int:
         """0: nothing is carried from one window to the next."""
