@@ -19,7 +19,7 @@ from longctx.core.data_facts import DataMismatch
 from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
 from tests.lm_fixtures import SyntheticData, cpu_trainer
-from tests.methods import VOCAB, tiny_adaptive_span, tiny_compressive_transformer, tiny_transformer_xl
+from tests.methods import VOCAB, tiny
 
 L, K = 8, 3
 
@@ -34,14 +34,14 @@ def segment_batches(k: int) -> list[dict[str, torch.Tensor]]:
 def xl(tbptt_segments: int, n_layers: int = 2):
     """A tiny Transformer-XL whose memory holds one segment (so reaching s segments back takes s hops)."""
     torch.manual_seed(0)
-    model = tiny_transformer_xl(dropout=0.0, mem_len=L, n_layers=n_layers, tbptt_segments=tbptt_segments)
+    model = tiny("transformer_xl", dropout=0.0, mem_len=L, n_layers=n_layers, tbptt_segments=tbptt_segments)
     return model.train()
 
 
 def adaptive_span(tbptt_segments: int, n_layers: int = 2):
     """A tiny adaptive span (its caches hold 32 states: four segments back in one hop)."""
     torch.manual_seed(0)
-    return tiny_adaptive_span(dropout=0.0, n_layers=n_layers, tbptt_segments=tbptt_segments).train()
+    return tiny("adaptive_span", dropout=0.0, n_layers=n_layers, tbptt_segments=tbptt_segments).train()
 
 
 def embedding(model) -> torch.nn.Module:
@@ -126,9 +126,9 @@ def test_batches_of_another_number_of_segments_are_one_line_errors():
     with pytest.raises(
         DataMismatch, match=r"^CompressiveTransformerLM trains on one segment per batch \(it has no"
     ):
-        tiny_compressive_transformer().train()._train_segments(batch)
+        tiny("compressive_transformer").train()._train_segments(batch)
     with pytest.raises(ValueError, match=r"^tbptt_segments must be 1 or more, got 0$"):
-        tiny_transformer_xl(tbptt_segments=0)
+        tiny("transformer_xl", tbptt_segments=0)
 
 
 def test_segment_mode_windows_per_batch_groups_the_segment_stream_and_resumes_exactly(tmp_path):
@@ -172,7 +172,7 @@ class GroupedData(SyntheticData):
 
 def test_a_fit_trains_on_k_segments_per_step(tmp_path):
     torch.manual_seed(0)
-    model = tiny_transformer_xl(tbptt_segments=K)
+    model = tiny("transformer_xl", tbptt_segments=K)
     trainer = cpu_trainer(tmp_path, max_steps=2, limit_val_batches=1, val_check_interval=2)
     trainer.fit(model, datamodule=GroupedData(n_tokens=401, batch_size=2, seq_len=L))
     assert trainer.global_step == 2 and torch.isfinite(trainer.callback_metrics["train/loss"])
