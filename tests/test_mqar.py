@@ -15,11 +15,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from longctx.data.__main__ import main as data_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.mqar import MQARSettings, generate
 from longctx.data.synth import load_marks
+from longctx.data.text_files import TextFileError
 
 SPLITS = ("train", "valid", "test")
 SMALL = dict(pairs=3, keys=40, values=40, filler_vocab=30, train_tokens=6000, eval_tokens=1500)
@@ -187,3 +189,53 @@ def test_a_budget_that_reads_the_train_file_twice_is_warned_about(tmp_path):
         said = [str(w.message) for w in caught if "its episodes repeat" in str(w.message)]
         assert bool(said) == repeats
     assert said[0].startswith(f"longctx: trainer.max_steps {per_pass + 1} reads the train file ")
+
+
+@pytest.mark.parametrize("windows", [1, 3])
+def test_training_on_marked_targets_scores_the_answers_alone(tmp_path, windows):
+    """`data.train_targets: marked` (zoology's loss on the answers alone): every training target that
+    counts is a marked answer (a value after its key), all but the pass's dropped remainder are
+    served, the inputs are unchanged, and evaluation still scores every target."""
+    generate(MQARSettings(**SMALL, min_distance=6, max_distance=20), tmp_path / "mqar")
+    files = {split: str(tmp_path / "mqar" / f"{split}.txt") for split in SPLITS}
+    shape = dict(files=files, tokenizer="words", batch_size=2, tgt_len=8, cache_dir=str(tmp_path / "cache"))
+    if windows > 1:
+        shape |= dict(mode="windows", windows_per_batch=windows)
+    data, everything = (
+        LMDataModule("text_files", train_targets="marked", **shape),
+        LMDataModule("text_files", **shape),
+    )
+    data.prepare_data()
+    data.setup()
+    everything.setup()
+    words = np.array((data.corpus.path / "vocab.txt").read_text().split("\n")[:-1])
+    served = 0
+    for chosen, full in zip(
+        data.stream("train", train=True), everything.stream("train", train=True), strict=True
+    ):
+        assert torch.equal(chosen["input"], full["input"]) and not (chosen["mask"] & ~full["mask"]).any()
+        answers, keys = chosen["target"][chosen["mask"]].numpy(), chosen["input"][chosen["mask"]].numpy()
+        assert all(w.startswith("v") for w in words[answers]) and all(w.startswith("k") for w in words[keys])
+        served += int(chosen["mask"].sum())
+    marked = len(load_marks(tmp_path / "mqar", "train")["offset"])
+    assert marked - 2 * 8 * windows <= served <= marked  # each row drops less than one batch's tokens
+    valid, valid_all = (next(iter(d.stream("valid", train=False))) for d in (data, everything))
+    assert torch.equal(valid["mask"], valid_all["mask"])
+
+
+def test_training_on_marked_targets_needs_marks(tmp_path):
+    data = small_mqar_data(tmp_path, batch_size=2, tgt_len=8)
+    (tmp_path / "mqar" / "train.marks.npz").unlink()
+    marked = LMDataModule(
+        "text_files",
+        files=data.hparams.files,
+        tokenizer="words",
+        train_targets="marked",
+        batch_size=2,
+        tgt_len=8,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    with pytest.raises(TextFileError, match=r"^data.train_targets: marked needs marks for .*train.txt"):
+        marked.setup()
+    with pytest.raises(ValueError, match="wikitext103 has no marks: drop the option"):
+        LMDataModule("wikitext103", train_targets="marked")

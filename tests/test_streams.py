@@ -296,3 +296,19 @@ def test_random_offset_is_refused_for_documents_and_windows():
         SegmentStream(tokens, 1, 5, doc_offsets=offsets, wrap="random_offset")
     with pytest.raises(ValueError, match="contiguous text in segment mode"):
         SegmentStream(positions(100), 1, 5, windows_per_batch=1, wrap="random_offset")
+
+
+@pytest.mark.parametrize(("windows", "overlap", "documents"), [(None, 0, False), (3, 0, False), (2, 3, True)])
+def test_scored_masks_exactly_the_chosen_targets(windows, overlap, documents):
+    """`scored` (data.train_targets: marked): a target counts iff it did before and its index is chosen."""
+    tokens = np.arange(500)  # every token is its own index: a target names its place in the split
+    scored = np.random.default_rng(0).random(500) < 0.2
+    shape = dict(
+        windows_per_batch=windows,
+        overlap=overlap,
+        doc_offsets=np.array([0, 130, 333, 500]) if documents else None,
+    )
+    chosen, every = SegmentStream(tokens, 4, 8, scored=scored, **shape), SegmentStream(tokens, 4, 8, **shape)
+    for a, b in zip(chosen, every, strict=True):
+        assert torch.equal(a["input"], b["input"])
+        assert torch.equal(a["mask"], b["mask"] & torch.from_numpy(scored)[b["target"]])

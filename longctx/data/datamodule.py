@@ -87,6 +87,11 @@ class LMDataModule(pl.LightningDataModule):
         vocab_file: word corpora: tokenize with this vocabulary (one symbol per line, id = line
             number) instead of building one, e.g. the `.vocab.txt` that `python -m longctx convert`
             writes next to a released checkpoint, so the text gets the checkpoint's ids.
+        train_targets: which training targets the loss counts. `all` (language modelling); `marked`:
+            only those the train file's marks sidecar names (`python -m longctx.data synth`), e.g.
+            MQAR's answers, as zoology trains associative recall (Arora et al. 2023, §3: the loss on
+            the query answers alone; every other token is unpredictable filler or a fresh key). The
+            evaluation still scores every target (`val/loss`); recall is read from `*/recall_acc*`.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class LMDataModule(pl.LightningDataModule):
         mirror: str | None = None,
         vocab_file: str | None = None,
         files: Mapping[str, str] | None = None,
+        train_targets: Literal["all", "marked"] = "all",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -131,6 +137,13 @@ class LMDataModule(pl.LightningDataModule):
             raise ValueError(
                 "data.tokenizer: words reads your own files (corpus text_files) as whitespace-separated "
                 f"words; {corpus} has its own tokenizer: drop the option (word level: corpus wikitext103)"
+            )
+        if train_targets not in ("all", "marked"):
+            raise ValueError(f"data.train_targets must be all or marked, got {train_targets!r}")
+        if train_targets == "marked" and not self.info.user_files:
+            raise ValueError(
+                "data.train_targets: marked trains on the targets a marks sidecar names (corpus text_files "
+                f"written by `python -m longctx.data synth`); {corpus} has no marks: drop the option"
             )
         if files is not None and not self.info.user_files:
             raise ValueError(f"data.files applies to corpus text_files; {corpus} reads its own files")
@@ -184,7 +197,9 @@ class LMDataModule(pl.LightningDataModule):
         self.windows_per_batch = windows_per_batch
         self.word_convention = word_convention
         self._corpus: TokenizedCorpus | None = None
+        self.train_targets = train_targets
         self._marks: dict[str, TargetMarks | None] = {}
+        self._train_scored: np.ndarray | None = None
         self._vocab_size: int | None = None
         self._token_bytes: torch.Tensor | None = None
 
@@ -238,6 +253,8 @@ class LMDataModule(pl.LightningDataModule):
             self._corpus = corpus
             if self.info.user_files:
                 self._marks = {split: self._load_marks(split) for split in ("valid", "test")}
+            if self.train_targets == "marked":
+                self._train_scored = self._marked_targets("train")
             for split, rate in self.out_of_vocabulary().items():
                 if rate["oov_tokens"]:
                     rank_zero_info(
@@ -251,6 +268,20 @@ class LMDataModule(pl.LightningDataModule):
         marks sidecar (`<stem>.marks.npz` beside it, `python -m longctx.data synth`) in this run's token
         unit; else None. Read and checked at `setup`."""
         return self._marks.get(split)
+
+    def _marked_targets(self, split: str) -> np.ndarray:
+        """(n_tokens,) bool: True at the split's marked targets (`data.train_targets: marked`)."""
+        marks = self._load_marks(split)
+        if marks is None or not marks.offset.size:
+            file = self.spec.user_files()[split]
+            raise TextFileError(
+                f"data.train_targets: marked needs marks for {file} in tokenizer {self.spec.tokenizer} "
+                f"({marks_path(file).name} beside it, written by `python -m longctx.data synth`); write "
+                "the text with synth, or set data.train_targets: all"
+            )
+        scored = np.zeros(len(self.corpus.split(split).tokens), dtype=bool)
+        scored[marks.offset] = True
+        return scored
 
     def _load_marks(self, split: str) -> TargetMarks | None:
         """The sidecar of the split's file, checked against the file: the digest it records (marks of
@@ -327,6 +358,7 @@ class LMDataModule(pl.LightningDataModule):
                 shuffle_documents=train and self.hparams.shuffle_documents,
                 seed=self.hparams.seed,
                 wrap=self.hparams.train_wrap if train else "restart",
+                scored=self._train_scored if train else None,
             )
         except ValueError as err:
             raise ValueError(f"{self.info.name} {split} split: {err}") from err

@@ -149,6 +149,8 @@ class SegmentStream:
             for all rows, a function of `seed` and the epoch, so every rank draws alike), and only
             full segments are served. The memory is zeroed at each epoch start (`LMBase`), as their
             `h_cache` is at the wrap. Contiguous text in segment mode only.
+        scored: (len(tokens),) bool, which targets count (by their index in `tokens`): `mask` is
+            False elsewhere (zoology's loss on the recall answers only); None: every target.
 
     Yields dicts `input`, `target`, `mask` (B, L) or (B, K, T) and `reset` (B,) or (B, K), plus
     `offset` (the shape of `target`: each target's index in `tokens`, -1 on padding) when `pad`
@@ -172,6 +174,7 @@ class SegmentStream:
         shuffle_documents: bool = False,
         seed: int = 0,
         wrap: Wrap = "restart",
+        scored: np.ndarray | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch size must be positive, got {batch_size}")
@@ -216,6 +219,9 @@ class SegmentStream:
         self.shuffle_documents = shuffle_documents
         self.seed = seed
         self.wrap = wrap
+        if scored is not None and scored.shape != tokens.shape:
+            raise ValueError(f"scored has shape {scored.shape}; it names the split's {len(tokens)} tokens")
+        self.scored = scored
         self.local_rows = range(rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
         self.epoch = 0
         self.offset = 0  # where each row starts this epoch (wrap: random_offset)
@@ -333,6 +339,8 @@ class SegmentStream:
         targets[:length] = self.tokens[offset + 1 : offset + 1 + length]
         first_scored = 0 if j == 0 else self.overlap
         mask[first_scored:length] = True
+        if self.scored is not None:  # only the chosen targets count (their index in the split)
+            mask[first_scored:length] &= self.scored[offset + 1 + first_scored : offset + 1 + length]
         if offsets is not None:
             offsets[:length] = np.arange(offset + 1, offset + 1 + length)
         return j == 0
