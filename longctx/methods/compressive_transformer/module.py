@@ -44,7 +44,6 @@ from torch import Tensor
 from longctx.core.base import LMBase, StepOutput
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.compressive_transformer import flops as ct_flops
-from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.memory import length_attributes
@@ -133,9 +132,6 @@ class CompressiveTransformerLM(LMBase):
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> CompressiveMemory:
         return self.net.empty_memory(batch_size)
-
-    def reset_memory_rows(self, memory: CompressiveMemory, reset: Tensor) -> CompressiveMemory:
-        return ct_memory.reset_compressive_memory_rows(memory, reset)
 
     # ------------------------------------------------------------------ cost
     def state_size(self) -> int:
