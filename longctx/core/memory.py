@@ -4,8 +4,8 @@ A memory is a NamedTuple of tensors (lists of tensors, None) with one row per ro
 stream; as a pytree the base detaches it whatever its fields. Every memory type is made and cleared
 the same way: `empty(batch_size, ...)` makes the memory of fresh rows (no document read yet), and
 `reset_rows(rows)` returns the memory with the rows where a new document starts made fresh again. A
-convention that decides what a fresh row holds (e.g. TRAMS's attended zero states) is stored in the
-memory when `empty` makes it, so the base resets every memory alike, without knowing its method.
+convention that decides what a fresh row holds (e.g. attended zero states, or masked slots) is
+stored in the memory by `empty`, so the base resets every memory alike, without knowing its method.
 """
 
 from __future__ import annotations
