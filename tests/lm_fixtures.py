@@ -11,6 +11,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import NamedTuple
 
 import lightning.pytorch as pl
 import numpy as np
@@ -23,6 +24,19 @@ from longctx.core.recall import TargetMarks
 from longctx.data.streams import SegmentStream
 
 
+class CarrySum(NamedTuple):
+    """total: (B, d), each row's running sum of the embeddings it has read (a `RowMemory`)."""
+
+    total: Tensor
+
+    @classmethod
+    def empty(cls, batch_size: int, *, d_model: int, device=None, dtype=None) -> CarrySum:
+        return cls(torch.zeros(batch_size, d_model, device=device, dtype=dtype))
+
+    def reset_rows(self, rows: Tensor) -> CarrySum:
+        return CarrySum(self.total.masked_fill(rows[:, None], 0.0))
+
+
 class CarryLM(LMBase):
     def __init__(
         self, vocab_size: int = 64, d_model: int = 16, record_dir: str | None = None, **kwargs
@@ -33,19 +47,16 @@ class CarryLM(LMBase):
         self.out = nn.Linear(d_model, vocab_size)
         self.record_dir = record_dir
 
-    def init_memory(self, batch_size: int) -> Tensor:
-        return torch.zeros(batch_size, self.embed.embedding_dim, device=self.device)
+    def init_memory(self, batch_size: int) -> CarrySum:
+        return CarrySum.empty(batch_size, d_model=self.embed.embedding_dim, device=self.device)
 
-    def reset_memory_rows(self, memory: Tensor, reset: Tensor) -> Tensor:
-        return memory.masked_fill(reset[:, None], 0.0)
-
-    def step(self, batch: dict[str, Tensor], memory: Tensor) -> StepOutput:
+    def step(self, batch: dict[str, Tensor], memory: CarrySum) -> StepOutput:
         x = self.embed(batch["input"])  # (B, L, d)
-        h = x + memory[:, None, :] / 100.0
+        h = x + memory.total[:, None, :] / 100.0
         logits = self.out(torch.tanh(h))  # (B, L, V)
         nll = F.cross_entropy(logits.transpose(1, 2), batch["target"], reduction="none")  # (B, L)
-        new_memory = memory + (x * batch["mask"][..., None]).sum(1)
-        return StepOutput(nll=nll, memory=new_memory)
+        new_memory = memory.total + (x * batch["mask"][..., None]).sum(1)
+        return StepOutput(nll=nll, memory=CarrySum(new_memory))
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         if self.record_dir is not None:

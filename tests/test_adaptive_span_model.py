@@ -269,11 +269,10 @@ def test_training_carries_the_cache_across_batches(tmp_path):
     assert memory[0][:, :-16].abs().max() == 0  # the zero-initialised part of the cache
 
 
-def test_reset_memory_rows_clears_only_those_rows():
-    model = tiny()
+def test_reset_rows_clears_only_those_rows():
     memory = SpanCache(tuple(torch.randn(3, 64, 16) for _ in range(N_LAYERS)))
     reset = torch.tensor([False, True, False])
-    out = model.reset_memory_rows(memory, reset)
+    out = memory.reset_rows(reset)
     for before, after in zip(memory.h_cache, out.h_cache):
         assert after[1].abs().max() == 0
         torch.testing.assert_close(after[[0, 2]], before[[0, 2]])

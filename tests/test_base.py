@@ -15,7 +15,7 @@ from longctx.cli import main
 from longctx.core.base import StepOutput
 from longctx.core.data_facts import FACTS, DataMismatch, missing_facts
 from longctx.data.datamodule import LMDataModule
-from tests.lm_fixtures import CarryLM, SyntheticData, WindowData, cpu_trainer, reference_eval_loss
+from tests.lm_fixtures import CarryLM, CarrySum, SyntheticData, WindowData, cpu_trainer, reference_eval_loss
 from tests.methods import TINY
 
 
@@ -38,10 +38,10 @@ def test_training_memory_survives_mid_epoch_validation_and_resets_each_epoch(tmp
     class Recording(CarryLM):
         def step(self, batch, memory) -> StepOutput:
             if self.training:
-                seen.append((self.current_epoch, memory.clone()))
+                seen.append((self.current_epoch, memory.total.clone()))
             out = super().step(batch, memory)
             if self.training:
-                self.last_train_memory = out.memory.detach().clone()
+                self.last_train_memory = out.memory.total.detach().clone()
             return out
 
     model = Recording()
@@ -56,15 +56,15 @@ def test_training_memory_survives_mid_epoch_validation_and_resets_each_epoch(tmp
             assert torch.count_nonzero(memory) == 0  # fresh at every epoch start
         else:
             assert torch.count_nonzero(memory) > 0  # carried, validations in between or not
-    assert model._memory["train"].requires_grad is False
+    assert model._memory["train"].total.requires_grad is False
 
 
 def test_reset_rows_clear_only_their_memory():
     model = CarryLM()
     memory = torch.ones(3, 16)
     batch = {"input": torch.zeros(3, 4, dtype=torch.long), "reset": torch.tensor([False, True, False])}
-    model._memory["train"] = memory
-    cleared = model._memory_for("train", batch)
+    model._memory["train"] = CarrySum(memory)
+    cleared = model._memory_for("train", batch).total
     assert cleared[1].abs().sum() == 0 and torch.equal(cleared[[0, 2]], memory[[0, 2]])
 
 

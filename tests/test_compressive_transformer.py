@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from longctx.methods.compressive_transformer.compression import Decoder, build_compression
 from longctx.methods.compressive_transformer.flops import macs_per_token
-from longctx.methods.compressive_transformer.memory import evicted_count, reset_compressive_memory_rows
+from longctx.methods.compressive_transformer.memory import evicted_count
 from longctx.methods.compressive_transformer.module import (
     CompressiveEvaluationMemory,
     CompressiveLengths,
@@ -133,7 +133,7 @@ def test_reset_of_one_row_clears_both_memories_and_the_row_restarts_as_fresh():
     memory = ct.empty_memory(2)
     for x in stream[:4]:
         memory = run(x, memory).memory
-    cleared = reset_compressive_memory_rows(memory, torch.tensor([False, True]))
+    cleared = memory.reset_rows(torch.tensor([False, True]))
     for before, after in zip([*memory.hidden, *memory.compressed], [*cleared.hidden, *cleared.compressed]):
         assert torch.equal(after[0], before[0]) and not after[1].any()
     assert torch.equal(cleared.valid[0], memory.valid[0]) and not cleared.valid[1].any()
@@ -168,7 +168,7 @@ def test_the_key_value_cache_gives_the_uncached_outputs_and_memories(compression
         for step, x in enumerate(segments(8)):
             if step == 5:  # row 0 starts a new document: the cache is dropped and restarts
                 reset = torch.tensor([True, False])
-                plain, cached = (reset_compressive_memory_rows(m, reset) for m in (plain, cached))
+                plain, cached = (m.reset_rows(reset) for m in (plain, cached))
                 assert cached.kv is None and cached.compressed_kv is None
             want, got = ct(x, plain, **lengths), ct(x, cached, **lengths, cache_kv=True)
             plain, cached = want.memory, got.memory

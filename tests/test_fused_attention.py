@@ -18,7 +18,6 @@ from longctx.methods.adaptive_span.attention import band_attention
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
-from longctx.methods.transformer_xl.memory import reset_memory_rows
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import sinusoid_positions
@@ -48,7 +47,7 @@ def xl_stream(model: TransformerXL, tokens: torch.Tensor, lengths: list[int], me
     outputs, start = [], 0
     for s, n in enumerate(lengths):
         if s == 2:
-            memory = reset_memory_rows(memory, torch.tensor([True, False]))
+            memory = memory.reset_rows(torch.tensor([True, False]))
         x, y = tokens[:, start : start + n], tokens[:, start + 1 : start + n + 1]
         out = model(x, memory, **kwargs)
         outputs.append((out.hidden, model.nll(out.hidden, y)))

@@ -104,7 +104,7 @@ def run(model: LMBase, data: list[dict[str, Tensor]], train: bool) -> tuple[list
     with torch.set_grad_enabled(train):
         for batch in data:
             if memory is not None and batch["reset"].dim() == 1:  # segments; windows: the step's own
-                memory = model.reset_memory_rows(memory, batch["reset"])
+                memory = memory.reset_rows(batch["reset"])
             out = model.step(batch, memory)
             if train:
                 (out.nll.sum() + (0.0 if out.extra_loss is None else out.extra_loss)).backward()

@@ -362,6 +362,24 @@ def test_memory_across_batches_equals_one_long_batch_and_resets_apply_per_window
     assert not torch.allclose(whole.nll[0, 2], fresh.nll[0, 0])
 
 
+def test_reset_rows_starts_those_rows_a_document_at_the_next_batch():
+    """`RecurrenceMemory.reset_rows` (the `RowMemory` protocol): the next batch reads as if those rows'
+    first window were a document start; the empty memory reads as no memory."""
+    m = module()
+    b = window_batch(n_windows=4)
+    first, second = split_windows(b, 0, 2), split_windows(b, 2, 4)
+    with torch.no_grad():
+        memory = m.step(first, m.init_memory(2)).memory
+        cleared = m.step(second, memory.reset_rows(torch.tensor([True, False]))).nll
+        reset = second["reset"].clone()
+        reset[0, 0] = True
+        started = m.step({**second, "reset": reset}, memory).nll
+        assert torch.equal(m.step(first, m.init_memory(2)).nll, m.step(first, None).nll)
+        carried = m.step(second, memory).nll
+    assert torch.equal(cleared, started)
+    assert torch.equal(cleared[1], carried[1]) and not torch.allclose(cleared[0, 0], carried[0, 0])
+
+
 def test_baseline_is_the_stock_model_on_independent_windows_and_checkpointing_is_exact():
     m = module(recurrence=False)
     b = window_batch(n_windows=3)

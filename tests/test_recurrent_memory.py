@@ -201,6 +201,21 @@ def test_a_reset_row_reads_the_initial_memory_and_then_equals_a_fresh_run():
     assert torch.equal(out.nll[0], unreset.nll[0]) and not torch.allclose(out.nll[1, 2:], unreset.nll[1, 2:])
 
 
+def test_reset_rows_makes_those_rows_read_the_initial_memory_at_the_next_batch():
+    """`MemoryTokens.reset_rows` (the `RowMemory` protocol): the next batch reads as if those rows'
+    first segment started a document; the empty memory reads as no memory."""
+    model = rmt(num_mem_tokens=3).eval()
+    batch = windows()
+    carried = MemoryTokens(torch.randn(2, 3, D, generator=torch.Generator().manual_seed(3)))
+    started = batch["reset"].clone()
+    started[1, 0] = True
+    with torch.no_grad():
+        cleared = model.step(batch, carried.reset_rows(torch.tensor([False, True]))).nll
+        assert torch.equal(cleared, model.step({**batch, "reset": started}, carried).nll)
+        assert torch.equal(model.step(batch, model.init_memory(2)).nll, model.step(batch, None).nll)
+        assert torch.equal(cleared[0], model.step(batch, carried).nll[0])
+
+
 def test_evaluation_carried_across_batches_equals_one_batch_of_all_windows():
     """What the memory carries between batches is exactly what it carries between the windows of one
     batch (`LMBase` hands it over), so splitting the stream into batches changes no number."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from longctx.methods.transformer_xl.flops import macs_per_token
-from longctx.methods.transformer_xl.memory import MemoryLengths, reset_memory_rows
+from longctx.methods.transformer_xl.memory import MemoryLengths
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
     RelMultiHeadAttention,
@@ -312,7 +312,8 @@ def test_gather_rows_equals_gather_for_any_layout():
 def score_cache_streams(model, x, memory, settings, mem_len, resets):
     """Run the segments of x three ways and yield each segment's outputs: with the score cache
     (`cache_kv`), with the key/value cache but every pool slot scored again (the computation before
-    the score cache), and with neither (the memory projected and scored again, the released code)."""
+    the score cache), and with neither (the memory projected and scored again, the released code).
+    Row 0 starts a document after each segment in `resets`."""
     cached = rescored = plain = memory
     for s in range(x.shape[1] // 4):
         seg = x[:, 4 * s : 4 * s + 4]
@@ -321,12 +322,9 @@ def score_cache_streams(model, x, memory, settings, mem_len, resets):
         c = model(seg, plain, mem_len=mem_len, trams=settings)
         yield a, b, c
         cached, rescored, plain = a.memory, b.memory, c.memory
-        if s in resets:
-            zero_fill = resets[s]
-            cached, rescored, plain = (
-                reset_memory_rows(m, torch.tensor([True, False]), zero_fill)
-                for m in (cached, rescored, plain)
-            )
+        if s in resets:  # each memory clears the row under its own convention (`zero_attended`)
+            rows = torch.tensor([True, False])
+            cached, rescored, plain = (m.reset_rows(rows) for m in (cached, rescored, plain))
             assert cached.key is None and cached.score is None  # dropped with the keys
 
 
@@ -347,7 +345,7 @@ def test_score_cache_selects_and_outputs_as_scoring_every_segment(metric, positi
     settings = TramsSettings(8, 4, metric, positions)
     zero_fill = first == "zero"  # TRAMS's protocol (zero-filled pool) or XL's (empty memory)
     memory = model.zero_memory(2, 16) if zero_fill else model.empty_memory(2)
-    resets = {2: zero_fill, 5: zero_fill}  # row 0 starts a document after segments 2 and 5
+    resets = {2, 5}  # row 0 starts a document after segments 2 and 5
     with torch.no_grad():  # evaluation: the cache is appended in place (`slot_store.py`)
         for a, b, c in score_cache_streams(model, x, memory, settings, 16, resets):
             for cached, rescored, plain in zip(a.attn, b.attn, c.attn):

@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from longctx.core.base import detach_memory
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs
-from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory, reset_memory_rows
+from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
 from longctx.methods.transformer_xl.module import EvaluationMemory, TransformerXLLM, drop_last_scored
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
@@ -223,7 +223,7 @@ def test_reset_row_behaves_like_a_fresh_row(same_length):
     model = net()
     x = torch.randint(0, 30, (3, 8))
     memory = model(x[:, :4], model.empty_memory(3), mem_len=6).memory
-    memory = reset_memory_rows(memory, torch.tensor([False, True, False]))
+    memory = memory.reset_rows(torch.tensor([False, True, False]))
     out = model(x[:, 4:], memory, mem_len=6, same_length=same_length)
     fresh = model(x[1:2, 4:], model.empty_memory(1), mem_len=6, same_length=same_length)
     torch.testing.assert_close(out.hidden[1:2], fresh.hidden)
@@ -349,6 +349,22 @@ def test_trams_protocol_starts_from_attended_zero_memory_and_xl_from_empty():
         tiny(trams_attended=20, trams_kept=4)
 
 
+@pytest.mark.parametrize(("stage", "attended"), [("val", True), ("train", False)])
+def test_the_base_resets_rows_under_the_memorys_own_convention(stage, attended):
+    """TRAMS's evaluation protocol: a new document's slots become attended zeros (its `init_mems`);
+    training (Transformer-XL's): they are masked. The memory carries its convention from segment to
+    segment, so the base's generic `reset_rows` needs no word from the module."""
+    model = tiny(eval_mem_len=6, protocol="trams").train(stage == "train")
+    x = torch.randint(0, 64, (2, 4))
+    batch = {"input": x, "target": x, "mask": torch.ones(2, 4), "reset": torch.tensor([True, False])}
+    with torch.no_grad():
+        model._memory[stage] = model.step(batch, model.init_memory(2)).memory
+        memory = model._memory_for(stage, batch)
+    assert memory.zero_attended is attended and memory.valid.shape[1] > 0
+    assert memory.valid[0].eq(attended).all() and memory.valid[1].all()
+    assert all(h[0].abs().max() == 0 and h[1].abs().max() > 0 for h in memory.hidden)
+
+
 def test_xl_macs_per_token_by_hand():
     # 2 layers, d=16, 2 heads of 8 (HD=16), inner 32, V=64, segments of n=16 and P=16 memory slots.
     # Per layer: q, k, v 3·16·16 = 768; positions of the W = 32 keys projected per segment 16·16·32/16
@@ -435,8 +451,8 @@ def test_key_value_cache_equals_projecting_the_memory_again(pre_lnorm):
         plain, cached = a.memory, b.memory
         assert cached.key[1].shape == (2, 2, 6, 8)
         if s == 2:  # a reset drops the cache; the next segment projects the memory again
-            cached = reset_memory_rows(cached, torch.tensor([True, False]))
-            plain = reset_memory_rows(plain, torch.tensor([True, False]))
+            cached = cached.reset_rows(torch.tensor([True, False]))
+            plain = plain.reset_rows(torch.tensor([True, False]))
             assert cached.key is None
 
 

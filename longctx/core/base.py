@@ -12,7 +12,9 @@ and a memory into per-token losses:
   the tokenizer, from the data module's `token_bytes`), and `throughput/*`; on a split with marks
   (`target_marks`), the recall accuracy `{stage}/recall_acc*` (`longctx.core.recall`);
 - the memory lifecycle: one memory per stage, fresh at every epoch start, detached after every
-  training step, so a validation in the middle of an epoch never disturbs the training memory;
+  training step, so a validation in the middle of an epoch never disturbs the training memory; in
+  segment mode the rows of a new document are made fresh through the memory's own `reset_rows`
+  (`longctx.core.memory.RowMemory`), whatever the method;
 - truncated backpropagation through time over k segments (`tbptt_segments`, a segment-mode method's
   knob): a training batch holds k consecutive segments per row (B, k, L), run in order with the
   memory carried *with* its gradient, detached only at the batch's end (Lightning's optimizer steps
@@ -41,6 +43,7 @@ from torchmetrics import SumMetric
 from longctx.core import rng_state
 from longctx.core.data_facts import BatchMode, DataMismatch, LMDataFacts, check_data_facts
 from longctx.core.knob_groups import flatten_knobs, fold_flat, knob_path, plain
+from longctx.core.memory import RowMemory
 from longctx.core.recall import RecallScorer
 from longctx.core.spawn_exit import register_spawn_strategies
 from longctx.core.token_nll import TokenNLLCollector
@@ -48,10 +51,10 @@ from longctx.core.token_nll import TokenNLLCollector
 # `ddp_spawn` workers of every longctx model end without finalizing (`longctx.core.spawn_exit`).
 register_spawn_strategies()
 
-# A method's carried memory: a NamedTuple with named, documented fields and shapes (tensors, lists of
-# tensors, None), e.g. `SpanCache`, `XLMemory`, `RecurrenceMemory`, or None for a model without
-# memory. It is a pytree: `detach_memory` maps over it, whatever its fields.
-Memory: TypeAlias = tuple | None
+# A method's carried memory: a `RowMemory` (`longctx.core.memory`: a NamedTuple with named, documented
+# fields and shapes, made by `empty` and cleared row by row by `reset_rows`), or None for a model
+# without memory. It is a pytree: `detach_memory` maps over it, whatever its fields.
+Memory: TypeAlias = RowMemory | None
 STAGES = ("train", "val", "test")
 EVAL_SPLITS = {"val": "valid", "test": "test"}  # the data split each evaluation stage reads
 RNG_KEY = "rng_state"
@@ -192,19 +195,13 @@ class LMBase(pl.LightningModule):
 
     # ------------------------------------------------------------------ method hooks
     def init_memory(self, batch_size: int) -> Memory:
-        """Memory for `batch_size` fresh rows; None for models without memory."""
+        """Memory for `batch_size` fresh rows (the method's `RowMemory.empty` with its sizes); None for
+        models without memory."""
         return None
 
     def step(self, batch: dict[str, Tensor], memory: Memory) -> StepOutput:
         """Run the network on one batch given the carried memory."""
         raise NotImplementedError
-
-    def reset_memory_rows(self, memory: Memory, reset: Tensor) -> Memory:
-        """Clear the memory of the rows where `reset` (B,) is True (a new document starts)."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot reset the memory of single rows, so it cannot train on a "
-            "document-aware corpus (pg19) in segment mode; use a contiguous corpus"
-        )
 
     def flops_per_token(self, segment_length: int) -> float | None:
         """Forward FLOPs per scored token at evaluation, in `longctx.flops`'s convention (2 × MACs),
@@ -265,16 +262,17 @@ class LMBase(pl.LightningModule):
     def _rows_reset(self, stage: str, batch: dict[str, Tensor], memory: Memory) -> Memory:
         """`memory` (fresh when None) with the rows that start a new document in `batch` cleared.
 
-        Segment mode (`reset` of shape (B,)) is handled here; in window mode (`reset` (B, K)) the
-        reset can fall inside the batch, so the method's `step` applies it window by window.
+        Segment mode (`reset` of shape (B,)) is handled here, through the memory's own `reset_rows`
+        (`RowMemory`); in window mode (`reset` (B, K)) the reset can fall inside the batch, so the
+        method's `step` applies it window by window.
         """
         reset = batch["reset"]
         if memory is not None and reset.dim() == 1 and stage == "train":
-            return self.reset_memory_rows(memory, reset)  # no host sync per training step
+            return memory.reset_rows(reset)  # no host sync per training step
         if memory is None or (reset.dim() == 1 and bool(reset.all())):
             return self.init_memory(batch["input"].shape[0])
         if reset.dim() == 1 and bool(reset.any()):
-            return self.reset_memory_rows(memory, reset)
+            return memory.reset_rows(reset)
         return memory
 
     def _reset_memory(self, stage: str) -> None:

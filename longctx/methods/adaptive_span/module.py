@@ -110,9 +110,6 @@ class AdaptiveSpanLM(LMBase):
     def init_memory(self, batch_size: int) -> SpanCache:
         return self.net.init_cache(batch_size, device=self.device)
 
-    def reset_memory_rows(self, memory: SpanCache, reset: Tensor) -> SpanCache:
-        return memory.reset_rows(reset)
-
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: SpanCache) -> StepOutput:
         x = batch["input"]

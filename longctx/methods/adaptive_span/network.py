@@ -147,7 +147,7 @@ class SpanTransformer(nn.Module):
 
     def init_cache(self, batch_size: int, device: torch.device | None = None) -> SpanCache:
         """Zero caches (B, C_l, d), as in the code (these zeros are attended, not masked)."""
-        return SpanCache.zeros(batch_size, self.cache_sizes(), self.d_model, device=device)
+        return SpanCache.empty(batch_size, sizes=self.cache_sizes(), d_model=self.d_model, device=device)
 
     def clamp_spans_(self) -> None:
         """Keep every z' in [0, 1] (after each optimizer step)."""

@@ -13,6 +13,7 @@ memory is exactly Transformer-XL's.
 
 A compressed slot is valid when every state it summarises is valid: a group that straddles a
 document reset (zeros of the cleared row, then real states) is masked rather than mixed.
+`CompressiveMemory` is a `longctx.core.memory.RowMemory` (`empty`, `reset_rows`).
 
 Over one segment the two memories are a memory type of Transformer-XL's layer loop
 (`CompressiveSegment`, a `transformer_xl/memory.py:SegmentMemory`): each layer attends [cm ; m ;
@@ -23,13 +24,13 @@ of what it evicted give the memories kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from longctx.methods import fifo
-from longctx.methods.transformer_xl.memory import MemoryLengths
+from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
 from longctx.methods.transformer_xl.relative_attention import (
     AttentionOutput,
     KeyWindow,
@@ -67,6 +68,24 @@ class CompressiveMemory(NamedTuple):
     kv: list[Tensor] | None = None
     compressed_kv: list[Tensor] | None = None
 
+    @classmethod
+    def empty(cls, batch_size: int, **sizes: Any) -> CompressiveMemory:
+        """The memories of fresh rows: nothing held (P_m = P_cm = 0), each an empty Transformer-XL
+        memory; `sizes`: `XLMemory.empty`'s (n_layers, d_model, device, dtype)."""
+        memory, compressed = (XLMemory.empty(batch_size, **sizes) for _ in range(2))
+        return cls(memory.hidden, memory.valid, compressed.hidden, compressed.valid)
+
+    def reset_rows(self, rows: Tensor) -> CompressiveMemory:
+        """Both memories of the rows where `rows` (B,) is True cleared: zero states, masked; the
+        key/value caches are dropped (the next segment projects the memories again)."""
+        rows = rows.to(self.valid.device)
+        return CompressiveMemory(
+            [h.masked_fill(rows[:, None, None], 0.0) for h in self.hidden],
+            self.valid.masked_fill(rows[:, None], False),
+            [c.masked_fill(rows[:, None, None], 0.0) for c in self.compressed],
+            self.compressed_valid.masked_fill(rows[:, None], False),
+        )
+
 
 class Eviction(NamedTuple):
     """The memory after a segment and what left it.
@@ -80,18 +99,6 @@ class Eviction(NamedTuple):
     valid: Tensor
     evicted: list[Tensor]
     evicted_valid: Tensor
-
-
-def empty_compressive_memory(
-    n_layers: int, batch_size: int, d_model: int, device=None, dtype: torch.dtype | None = None
-) -> CompressiveMemory:
-    """The memories of fresh rows: nothing held (P_m = P_cm = 0)."""
-
-    def nothing() -> list[Tensor]:
-        return [torch.zeros(batch_size, 0, d_model, device=device, dtype=dtype) for _ in range(n_layers)]
-
-    no_slot = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
-    return CompressiveMemory(nothing(), no_slot, nothing(), no_slot.clone())
 
 
 def evicted_count(held: int, segment: int, mem_len: int, rate: int, compressing: bool) -> int:
@@ -205,15 +212,3 @@ class CompressiveSegment:
         return CompressiveMemory(
             eviction.hidden, eviction.valid, compressed, compressed_valid, kv, compressed_kv
         )
-
-
-def reset_compressive_memory_rows(memory: CompressiveMemory, reset: Tensor) -> CompressiveMemory:
-    """Clear both memories of the rows where reset (B,) is True: zero states, masked; the key/value
-    caches are dropped (the next segment projects the memories again)."""
-    reset = reset.to(memory.valid.device)
-    return CompressiveMemory(
-        [h.masked_fill(reset[:, None, None], 0.0) for h in memory.hidden],
-        memory.valid.masked_fill(reset[:, None], False),
-        [c.masked_fill(reset[:, None, None], 0.0) for c in memory.compressed],
-        memory.compressed_valid.masked_fill(reset[:, None], False),
-    )

@@ -47,7 +47,6 @@ from longctx.core.run_settings import first_set
 from longctx.diagnostics.axes import Axis, knob_flag
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.compressive_transformer import flops as ct_flops
-from longctx.methods.compressive_transformer import memory as ct_memory
 from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.context_axes import MEMORY
@@ -157,9 +156,6 @@ class CompressiveTransformerLM(LMBase):
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> CompressiveMemory:
         return self.net.empty_memory(batch_size)
-
-    def reset_memory_rows(self, memory: CompressiveMemory, reset: Tensor) -> CompressiveMemory:
-        return ct_memory.reset_compressive_memory_rows(memory, reset)
 
     # ------------------------------------------------------------------ cost
     @classmethod

@@ -40,12 +40,7 @@ from longctx.methods.compressive_transformer.compression import (
     build_compression,
     groups_valid,
 )
-from longctx.methods.compressive_transformer.memory import (
-    CompressiveMemory,
-    CompressiveSegment,
-    Eviction,
-    empty_compressive_memory,
-)
+from longctx.methods.compressive_transformer.memory import CompressiveMemory, CompressiveSegment, Eviction
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import AttentionOutput, RelMultiHeadAttention
 
@@ -139,9 +134,10 @@ class CompressiveTransformer(TransformerXL):
         return [*self.compressors.parameters(), *decoders]
 
     def empty_memory(self, batch_size: int) -> CompressiveMemory:
+        """The memories of fresh rows: nothing held (`CompressiveMemory.empty`)."""
         p = self.r_w_bias
-        return empty_compressive_memory(
-            self.n_layers, batch_size, self.d_model, device=p.device, dtype=p.dtype
+        return CompressiveMemory.empty(
+            batch_size, n_layers=self.n_layers, d_model=self.d_model, device=p.device, dtype=p.dtype
         )
 
     def forward(

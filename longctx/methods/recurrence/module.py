@@ -131,13 +131,16 @@ class RecurrentGPT2LM(LMBase):
         """The LM's base model (GPT-2: `lm.transformer`), which every window runs through."""
         return self.lm.base_model
 
-    # ------------------------------------------------------------------ step
+    # ------------------------------------------------------------------ memory and step
+    def init_memory(self, batch_size: int) -> RecurrenceMemory:
+        return RecurrenceMemory.empty(batch_size)
+
     def step(self, batch: dict[str, Tensor], memory: RecurrenceMemory | None) -> StepOutput:
         x = batch["input"]
         use_checkpoint = self.checkpoint_windows and self.training and torch.is_grad_enabled()
         if self.recurrence is not None:
-            h_prev = None if memory is None else memory.h_prev
-            reset = batch["reset"]
+            memory = RecurrenceMemory.empty(x.shape[0]) if memory is None else memory
+            h_prev, reset = memory.h_prev, memory.window_resets(batch["reset"])
             if not self.training and self.eval_h_prev == "reset":
                 reset = torch.ones_like(reset)
             out = self.recurrence(

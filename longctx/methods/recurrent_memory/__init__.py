@@ -20,7 +20,7 @@ Notation (the paper's symbols and where they live; files of this folder; § = 22
 | m           | memory tokens (`num_mem_tokens`)     | 3    | network.py:MemoryCellConfig.num_mem_tokens |
 | H_0^mem     | the learned initial memory (m, d),   | code | network.py:MemoryCell.memory               |
 |             | drawn N(0, 1)·std(token embedding)   |      |                                            |
-| H_τ^mem     | memory read by segment τ: the        | 3    | memory.py:MemoryTokens.state,              |
+| H_τ^mem     | memory read by segment τ: the        | 3    | memory.py:MemoryTokens,                    |
 |             | carried state, or H_0^mem at a       |      | memory.py:read_memory                      |
 |             | document start                       |      |                                            |
 | H̃_τ        | [H_τ^mem ; H_τ ; H_τ^mem]: read      | 3    | network.py:MemoryCell.segment              |

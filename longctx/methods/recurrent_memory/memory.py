@@ -8,17 +8,19 @@ restarts (`batch["reset"]`, window by window).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
+from longctx.core.memory import CarriedState
 
-class MemoryTokens(NamedTuple):
+
+class MemoryTokens(CarriedState):
     """state: (B, m, d), the memory tokens each row's next segment reads: the last hidden states of
-    the write tokens of its previous segment."""
+    the write tokens of its previous segment; None: no row has written any (fresh rows: their first
+    segment reads the initial memory, `read_memory`). fresh: the rows `reset_rows` made fresh, which
+    read the initial memory at the next batch's first segment (`CarriedState`)."""
 
-    state: Tensor
+    __slots__ = ()
 
 
 def read_memory(state: Tensor | None, initial: Tensor, reset: Tensor) -> Tensor:

@@ -129,10 +129,13 @@ class RecurrentMemoryLM(LMBase):
         with torch.no_grad():
             own.copy_(saved)
 
-    # ------------------------------------------------------------------ step
+    # ------------------------------------------------------------------ memory and step
+    def init_memory(self, batch_size: int) -> MemoryTokens:
+        return MemoryTokens.empty(batch_size)
+
     def step(self, batch: dict[str, Tensor], memory: MemoryTokens | None) -> StepOutput:
-        reset = batch["reset"]
-        state = None if memory is None else memory.state
+        memory = MemoryTokens.empty(batch["input"].shape[0]) if memory is None else memory
+        state, reset = memory.state, memory.window_resets(batch["reset"])
         if self.training and self.train_memory == "fresh":
             state = None  # every batch a sample of K segments from the initial memory
         if not self.training and self.eval_memory == "reset":

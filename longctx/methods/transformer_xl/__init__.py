@@ -78,7 +78,7 @@ Notation (the papers' symbols and where they live; files of this folder; § = XL
 |           | (analysis, not TRAMS)          |       | relative_attention.py:KeyWindow.select                |
 | cache     | each slot scored once, carried | ours  | memory.py:XLMemory.score,                             |
 |           | with its key                   |       | memory.py:XLMemory.score_matrix                       |
-| protocol  | TRAMS's evaluation: zero       | code  | memory.py:zero_memory, module.py:drop_last_scored     |
+| protocol  | TRAMS's evaluation: zero       | code  | memory.py:XLMemory.empty, module.py:drop_last_scored  |
 |           | memory, a segment's first      |       |                                                       |
 |           | token unscored                 |       |                                                       |
 | mass      | attention probability on the   | ours  | relative_attention.py:AttentionOutput.mem_mass        |

@@ -14,7 +14,9 @@ Transformer's two memories (`compressive_transformer/memory.py`) are others; the
 `valid` marks slots that hold a real token. Transformer-XL's evaluation starts from an empty memory
 (P = 0); TRAMS's starts from a zero-filled one (P = mem_len zero states that are attended, as the
 released code's `init_mems`). A row that starts a new document gets its slots cleared: invalid
-(masked) under the XL convention, zero and attended under the TRAMS convention.
+(masked) under the XL convention, zero and attended under the TRAMS convention. The memory carries
+its convention (`XLMemory.zero_attended`, set by `XLMemory.empty`), so its `reset_rows` (the
+`longctx.core.memory.RowMemory` protocol) needs no module to say which.
 
 At evaluation the weights do not change, so a layer's memory keys and values (W_K h, W_V h of the
 stored inputs h) can be cached with the memory instead of being projected again every segment (the
@@ -99,6 +101,9 @@ class XLMemory(NamedTuple):
         `score`; it depends on the weights only, like the cached keys), or None.
     slots: with the key/value cache, where the tensors above lie in the buffers they view (the next
         segment appends after them in place, `slot_store.py`), else None.
+    zero_attended: the convention of fresh rows, kept from segment to segment: TRAMS's (True: zero
+        states that are attended, so a reset row's slots become attended zeros) or Transformer-XL's
+        (False: nothing, so a reset row's slots are masked).
     """
 
     hidden: list[Tensor]
@@ -107,11 +112,40 @@ class XLMemory(NamedTuple):
     score: Tensor | None = None
     score_matrix: Tensor | None = None
     slots: SlotCursor | None = None
+    zero_attended: bool = False
 
     # The fields kept in slots and their slot dims: hidden (B, P, d), valid (B, P), keys and values
     # kv (2, B, H, P, Dh) and score (L, B, H, P), all layers' in one buffer. (Not annotated: a class
     # attribute, not a field.)
     SLOTS = SlotLayout(MappingProxyType({"hidden": 1, "valid": 1, "kv": 3, "score": 3}))
+
+    @classmethod
+    def empty(
+        cls,
+        batch_size: int,
+        *,
+        n_layers: int,
+        d_model: int,
+        zeros: int | None = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> XLMemory:
+        """The memory of fresh rows for `n_layers` layers of width `d_model`. zeros None:
+        Transformer-XL's convention, nothing held (P = 0); zeros = M: TRAMS's (the released code's
+        `init_mems`), M zero states that are attended (`zero_attended`)."""
+        P = zeros or 0
+        hidden = [torch.zeros(batch_size, P, d_model, device=device, dtype=dtype) for _ in range(n_layers)]
+        valid = torch.full((batch_size, P), zeros is not None, dtype=torch.bool, device=device)
+        return cls(hidden, valid, zero_attended=zeros is not None)
+
+    def reset_rows(self, rows: Tensor) -> XLMemory:
+        """The rows where `rows` (B,) is True cleared: zero states, masked (Transformer-XL's
+        convention) or attended (TRAMS's, `zero_attended`). A key/value cache and its scores are
+        dropped (the next segment projects and scores the memory again)."""
+        rows = rows.to(self.valid.device)
+        hidden = [h.masked_fill(rows[:, None, None], 0.0) for h in self.hidden]
+        valid = self.valid.masked_fill(rows[:, None], self.zero_attended)
+        return XLMemory(hidden, valid, zero_attended=self.zero_attended)
 
     @property
     def key(self) -> list[Tensor] | None:
@@ -121,22 +155,6 @@ class XLMemory(NamedTuple):
     def slot_appender(self, n: int, keep: int) -> SlotAppender:
         """The appender that forms [memory, segment] of this memory's cached tensors (`slot_store.py`)."""
         return SlotAppender(self.SLOTS, self.slots, self.valid.shape[1], n, keep)
-
-
-def empty_memory(
-    n_layers: int, batch_size: int, d_model: int, device=None, dtype: torch.dtype | None = None
-) -> XLMemory:
-    """The memory of fresh rows under Transformer-XL's convention: nothing (P = 0)."""
-    hidden = [torch.zeros(batch_size, 0, d_model, device=device, dtype=dtype) for _ in range(n_layers)]
-    return XLMemory(hidden, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
-
-
-def zero_memory(
-    n_layers: int, batch_size: int, mem_len: int, d_model: int, device=None, dtype: torch.dtype | None = None
-) -> XLMemory:
-    """The memory of fresh rows under TRAMS's convention: mem_len zero states, attended."""
-    hidden = [torch.zeros(batch_size, mem_len, d_model, device=device, dtype=dtype) for _ in range(n_layers)]
-    return XLMemory(hidden, torch.ones(batch_size, mem_len, dtype=torch.bool, device=device))
 
 
 class SegmentMemory(Protocol):
@@ -234,22 +252,14 @@ class XLSegment:
             self.fifo.append(mem, stop_gradient(h), join=partial(self._join, "hidden", layer=i)).kept
             for i, (mem, h) in enumerate(zip(self.memory.hidden, self.inputs))
         ]
+        zero_attended = self.memory.zero_attended
         if not self.cache_kv:
-            return XLMemory(hidden, new_valid)
+            return XLMemory(hidden, new_valid, zero_attended=zero_attended)
         kv = [self.fifo.split(t, dim=3).kept.detach() for t in self.kv]
         score, score_matrix = self._kept_scores()
         slots = self.appender.cursor() if self.appender is not None else None  # every field is appended
-        return XLMemory(hidden, new_valid, kv, score, score_matrix, slots)
+        return XLMemory(hidden, new_valid, kv, score, score_matrix, slots, zero_attended)
 
     def _kept_scores(self) -> tuple[Tensor | None, Tensor | None]:
         """The score cache kept with the keys (TRAMS, `XLMemory.score`, `score_matrix`): none here."""
         return None, None
-
-
-def reset_memory_rows(memory: XLMemory, reset: Tensor, zero_fill: bool = False) -> XLMemory:
-    """Clear the rows where reset (B,) is True: zero states, masked (zero_fill=False) or attended.
-    A key/value cache and its scores are dropped (the next segment projects and scores the memory
-    again)."""
-    reset = reset.to(memory.valid.device)
-    hidden = [h.masked_fill(reset[:, None, None], 0.0) for h in memory.hidden]
-    return XLMemory(hidden, memory.valid.masked_fill(reset[:, None], zero_fill))

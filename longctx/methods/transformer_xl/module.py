@@ -52,7 +52,6 @@ from longctx.core.base import LMBase, StepOutput
 from longctx.core.run_settings import first_set
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.transformer_xl import flops as xl_flops
-from longctx.methods.transformer_xl import memory as xl_memory
 from longctx.methods.transformer_xl.context_axes import ATTENDED, MEMORY
 from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory, length_attributes
 from longctx.methods.transformer_xl.network import TransformerXL
@@ -160,13 +159,12 @@ class TransformerXLLM(LMBase):
 
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> XLMemory:
+        """Transformer-XL's empty memory; at evaluation under the TRAMS protocol, TRAMS's attended
+        zeros. The memory keeps its convention, so its `reset_rows` clears a new document's rows
+        the same way (masked, or attended zeros)."""
         if not self.training and self.protocol == "trams":
             return self.net.zero_memory(batch_size, self.eval_lengths.mem_len)
         return self.net.empty_memory(batch_size)
-
-    def reset_memory_rows(self, memory: XLMemory, reset: Tensor) -> XLMemory:
-        zero_fill = not self.training and self.protocol == "trams"
-        return xl_memory.reset_memory_rows(memory, reset, zero_fill=zero_fill)
 
     # ------------------------------------------------------------------ cost
     @classmethod

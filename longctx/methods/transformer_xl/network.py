@@ -29,13 +29,7 @@ from longctx.methods.transformer_xl.adaptive_softmax import (
     ProjectedAdaptiveLogSoftmax,
     cutoffs_within,
 )
-from longctx.methods.transformer_xl.memory import (
-    SegmentMemory,
-    XLMemory,
-    XLSegment,
-    empty_memory,
-    zero_memory,
-)
+from longctx.methods.transformer_xl.memory import SegmentMemory, XLMemory, XLSegment
 from longctx.methods.transformer_xl.relative_attention import (
     AttentionOutput,
     KeyWindow,
@@ -230,12 +224,17 @@ class TransformerXL(nn.Module):
         nn.init.normal_(self.r_r_bias, 0.0, std)
 
     def empty_memory(self, batch_size: int) -> XLMemory:
-        p = self.r_w_bias
-        return empty_memory(self.n_layers, batch_size, self.d_model, device=p.device, dtype=p.dtype)
+        """The memory of fresh rows under Transformer-XL's convention: nothing (`XLMemory.empty`)."""
+        return self._memory(batch_size, zeros=None)
 
     def zero_memory(self, batch_size: int, mem_len: int) -> XLMemory:
+        """The memory of fresh rows under TRAMS's convention: mem_len zero states, attended."""
+        return self._memory(batch_size, zeros=mem_len)
+
+    def _memory(self, batch_size: int, zeros: int | None) -> XLMemory:
         p = self.r_w_bias
-        return zero_memory(self.n_layers, batch_size, mem_len, self.d_model, device=p.device, dtype=p.dtype)
+        sizes = dict(n_layers=self.n_layers, d_model=self.d_model, zeros=zeros)
+        return XLMemory.empty(batch_size, **sizes, device=p.device, dtype=p.dtype)
 
     def forward(
         self,
