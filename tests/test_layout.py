@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from longctx import run_layout
 from longctx.core.base import LMBase
 from longctx.methods import registry
+from longctx.runtime import run_layout
 from tests.methods import TINY
 from tests.test_configs import load_expected
 
@@ -291,14 +291,14 @@ def test_the_run_directory_layout_is_spelled_only_in_run_layout():
 
 
 def test_the_run_layout_check_finds_a_spelled_name(tmp_path, monkeypatch):
-    (tmp_path / "longctx").mkdir()
-    (tmp_path / "longctx" / "sweep.py").write_text('SUMMARY = "summary.json"\n"""docs: summary.json"""\n')
+    (tmp_path / "longctx" / "commands").mkdir(parents=True)
+    (tmp_path / "longctx" / "commands" / "sweep.py").write_text('SUMMARY = "summary.json"\n"""docs: summary.json"""\n')
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    assert spelled_run_file_names(tmp_path / "longctx") == ["longctx/sweep.py:1 summary.json"]
+    assert spelled_run_file_names(tmp_path / "longctx") == ["longctx/commands/sweep.py:1 summary.json"]
 
 
 def test_the_run_layout_imports_neither_lightning_nor_torch():
-    path = REPO / "longctx" / "run_layout.py"
+    path = REPO / "longctx" / "runtime" / "run_layout.py"
     assert lightning_imports(path) == {}
     assert not {m for m in imported_modules(path) if m.split(".")[0] in ("torch", "numpy")}
 
@@ -463,7 +463,8 @@ def test_every_method_maps_its_papers_symbols_to_code_that_exists(method):
 def test_the_notation_check_finds_a_missing_table_and_a_stale_reference(tmp_path, monkeypatch):
     package = tmp_path / "longctx" / "methods" / "m"
     package.mkdir(parents=True)
-    (tmp_path / "longctx" / "flops.py").write_text("def count():\n    pass\n")
+    (tmp_path / "longctx" / "core").mkdir(parents=True)
+    (tmp_path / "longctx" / "core" / "flops.py").write_text("def count():\n    pass\n")
     (package / "network.py").write_text(
         "class Net:\n    size = 1\n\n    def __init__(self):\n        self.S, self.R = 1, 2\n\n"
         "def mask():\n    pass\n"
@@ -476,20 +477,20 @@ def test_the_notation_check_finds_a_missing_table_and_a_stale_reference(tmp_path
     table = (
         "| symbol | longctx |\n|--------|---------|\n"
         "| S, R | network.py:Net.S, network.py:Net.R, network.py:Net.size |\n"
-        "| m_z | network.py:mask, longctx/flops.py:count (code: pytorch/mem_transformer.py:Net.x) |\n"
-        "| z | network.py:Net.z, network.py:masks, memory.py:Net, longctx/flops.py:mask |\n"
+        "| m_z | network.py:mask, longctx/core/flops.py:count (code: pytorch/mem_transformer.py:Net.x) |\n"
+        "| z | network.py:Net.z, network.py:masks, memory.py:Net, longctx/core/flops.py:mask |\n"
     )
     (package / "__init__.py").write_text(f'"""Method m.\n\n{table}"""\n')
     assert notation_problems(package) == [
         "longctx/methods/m/__init__.py: network.py:Net.z is not defined there",
         "longctx/methods/m/__init__.py: network.py:masks is not defined there",
         "longctx/methods/m/__init__.py: memory.py:Net is not defined there",
-        "longctx/methods/m/__init__.py: longctx/flops.py:mask is not defined there",
+        "longctx/methods/m/__init__.py: longctx/core/flops.py:mask is not defined there",
     ]
 
 
 # Module-level names that several methods define on purpose: the FLOPs convention of every method and
-# the protocol `longctx.checkpoints.convert` calls on a method's `convert.py`. Any other name defined
+# the protocol `longctx.commands.convert` calls on a method's `convert.py`. Any other name defined
 # in two method folders is renamed (docs/architecture.md, "Adding a method").
 SHARED_PROTOCOL_NAMES = {
     "flops_per_token",

@@ -60,12 +60,12 @@ from matplotlib.lines import Line2D
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from longctx.atomic import atomic_path, unwritable_ancestor, write_text_atomic
 from longctx.diagnostics import recall
 from longctx.diagnostics.long_range import marked_losses, recl
-from longctx.errors import OneLineArgumentParser
 from longctx.methods import registry
-from longctx.run_layout import CONFIG, METRICS, SUMMARY
+from longctx.runtime.atomic import atomic_path, unwritable_ancestor, write_text_atomic
+from longctx.runtime.errors import OneLineArgumentParser
+from longctx.runtime.run_layout import CONFIG, METRICS, SUMMARY
 
 MISSING = "-"
 GIB = 2**30
@@ -572,7 +572,7 @@ def log_to_wandb(
     if run is None and not start:
         return
     if run is None:
-        from longctx.cli import ensure_wandb_mode, keep_wandb_in
+        from longctx.commands.cli import ensure_wandb_mode, keep_wandb_in
 
         ensure_wandb_mode()
         keep_wandb_in(out)
@@ -624,7 +624,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"error: cannot write the report into {args.out} ({err.strerror}): {OUT_FIX}")
     log_to_wandb(rows, figures, start=args.wandb, out=args.out)
     print(f"wrote {args.out}/report.md, report.csv and {len(figures)} figures for {len(rows)} runs")
-
-
-if __name__ == "__main__":
-    main()

@@ -12,9 +12,9 @@ fit, validate, test or evaluate_overlaps.
     python -m longctx.sweep check FILE...     # parse every line with the CLI's parser, run nothing
 
 Under SLURM the run directory and W&B run id come from `SLURM_ARRAY_JOB_ID`/`SLURM_ARRAY_TASK_ID`
-unless the line names its run (see `longctx.cli.run_name_from_env`). `run` gives a line without
+unless the line names its run (see `longctx.commands.cli.run_name_from_env`). `run` gives a line without
 `--run_name` a name made from what it is, `<file stem>/<subcommand>-<hash>`, the hash of the line's
-arguments and of what they resolve to (`longctx.config_digest`), so a line keeps its folder when lines
+arguments and of what they resolve to (`longctx.runtime.config_digest`), so a line keeps its folder when lines
 are inserted, removed or reordered, and gets a fresh one when it or a config file it reads is edited.
 
 A line is what it resolves to, never its position: `summary.json` records, for each subcommand run in
@@ -31,7 +31,7 @@ built at the first line that needs it) from the current directory, as when it ru
 A `fit` line whose folder holds its unfinished fit (failed, interrupted, diverged, or killed before
 it wrote a record) is run again with `--ckpt_path last` appended: it continues that run from its last
 checkpoint (or starts it afresh when there is none) instead of being refused as a second run in the
-folder (`longctx.run_folder`); the recorded command is the line plus that flag.
+folder (`longctx.runtime.run_folder`); the recorded command is the line plus that flag.
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from longctx import run_layout
-from longctx.config_digest import config_digest
-from longctx.errors import OneLineArgumentParser, one_line, read_utf8, reported_as_one_line
-from longctx.run_folder import held_run, read_summary
+from longctx.runtime import run_layout
+from longctx.runtime.config_digest import config_digest
+from longctx.runtime.errors import OneLineArgumentParser, one_line, read_utf8
+from longctx.runtime.run_folder import held_run, read_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "evaluate_overlaps")  # LongCtxCLI.subcommands()
 LONGCTX = (sys.executable, "-m", "longctx")
@@ -122,8 +122,8 @@ def without_option(args: list[str], name: str) -> list[str]:
 
 @functools.cache
 def cli_parser() -> Any:
-    """The CLI's own parser (`longctx.cli.parser_only`: seconds to build), built once per process."""
-    from longctx.cli import parser_only  # imports torch and Lightning: only when a line is parsed
+    """The CLI's own parser (`longctx.commands.cli.parser_only`: seconds to build), built once per process."""
+    from longctx.commands.cli import parser_only  # imports torch and Lightning: only when a line is parsed
 
     return parser_only()
 
@@ -147,7 +147,7 @@ def parse_line(args: list[str]) -> Any:
 
 
 class LineResolver:
-    """What command lines resolve to now (`longctx.config_digest`), each parsed once with the CLI's
+    """What command lines resolve to now (`longctx.runtime.config_digest`), each parsed once with the CLI's
     parser: one resolver per sweep pass, so a config file edited between passes is read again."""
 
     def __init__(self) -> None:
@@ -342,7 +342,7 @@ def task_run_directory(args: list[str]) -> Path:
     from the SLURM ids (stable across requeues of the task)."""
     if option(args, "--run_name") is not None:
         return run_directory(args)
-    from longctx.cli import run_name_from_env  # imports torch: only for lines without a name
+    from longctx.commands.cli import run_name_from_env  # imports torch: only for lines without a name
 
     return run_directory(args, run_name_from_env())
 
@@ -390,8 +390,3 @@ def main(argv: list[str] | None = None) -> None:
     if problem is not None:
         sys.exit(f"error: task {args.task_id}: {problem}")
     sys.stdout.write("\0".join(run) + "\0")
-
-
-if __name__ == "__main__":
-    with reported_as_one_line(ValueError, OSError):  # a missing sweep file, a line that is no run
-        main()

@@ -33,7 +33,7 @@ from longctx.data import mqar, synth
 from longctx.data.corpora import CORPORA
 from longctx.data.datamodule import SPLITS, LMDataModule
 from longctx.data.download import DataError
-from longctx.errors import OneLineArgumentParser, reported_as_one_line
+from longctx.runtime.errors import OneLineArgumentParser, reported_as_one_line
 
 # The options that decide which files are read and which ids come out; the rest of a config's `data:`
 # (batch sizes, lengths, modes) does not change the cache.
@@ -57,7 +57,7 @@ BATCH_OPTIONS = ("batch_size", "tgt_len", "eval_batch_size", "eval_tgt_len")
 def config_data(configs: list[str]) -> dict[str, Any]:
     """The `data:` settings a run with these configs uses, resolved by longctx's own CLI parser
     (nested `config:` files and dotted keys included); nothing is instantiated."""
-    from longctx.cli import LongCtxCLI
+    from longctx.commands.cli import LongCtxCLI
 
     class ParseOnly(LongCtxCLI):
         def before_instantiate_classes(self) -> None:
@@ -232,7 +232,3 @@ def run_synth(args: argparse.Namespace) -> None:
     files = ", ".join(f"{split}: {args.out / f'{split}.txt'}" for split in SPLITS)
     tokenizer = "words" if args.task == "mqar" else "bytes"
     print(f"train on it: --data.corpus text_files --data.files '{{{files}}}' --data.tokenizer {tokenizer}")
-
-
-if __name__ == "__main__":
-    main()

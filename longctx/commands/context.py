@@ -24,12 +24,12 @@ lists). Writes, in `<root>/<run_name>/`:
   `<name>/config.yaml`, the model's resolved config;
 - `summary.json`: the command (`commands.context`), how it ended, and every file of the folder with
   the command that wrote it (`artifacts`): the run directory may be a fit's, and a second `context`
-  there replaces the first one's files (`longctx.run_folder`).
+  there replaces the first one's files (`longctx.runtime.run_folder`).
 Logged to W&B (tables and figures) unless `WANDB_MODE=disabled`. Bad input is one line; bad input
 found before the first evaluation leaves no folder and no file behind; so is a length whose
 evaluation step would need more memory than the device has, found before anything is allocated
 (`longctx.diagnostics.footprint`: the line names the longest length that fits). The run directory's
-lock keeps a second command out while it runs (`longctx.run_lock`). `context.csv` is rewritten as
+lock keeps a second command out while it runs (`longctx.runtime.run_lock`). `context.csv` is rewritten as
 each point finishes (one progress line each): a Ctrl-C keeps the finished points there and exits
 with 130; the same command again evaluates every point.
 """
@@ -51,20 +51,20 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from longctx.atomic import atomic_path, write_text_atomic
 from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoints.saving import readable_size
-from longctx.cli import PARSER_KWARGS, USER_ERRORS, LongCtxCLI, ensure_wandb_mode, run_name_from_env
+from longctx.commands.cli import PARSER_KWARGS, USER_ERRORS, LongCtxCLI, ensure_wandb_mode, run_name_from_env
 from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.diagnostics import positions, recl
 from longctx.diagnostics.axes import Axis, AxisError, Variant, all_axes, axis_named, default_axis, variants
 from longctx.diagnostics.figures import by_key_figure, context_figure
 from longctx.diagnostics.footprint import available_bytes, evaluation_bytes
-from longctx.errors import SIGINT_EXIT_CODE, debug_enabled, exit_with_error, one_line
-from longctx.run_folder import command_in
-from longctx.run_layout import DEFAULT_ROOT, run_directory
+from longctx.runtime.atomic import atomic_path, write_text_atomic
+from longctx.runtime.errors import SIGINT_EXIT_CODE, debug_enabled, exit_with_error, one_line
+from longctx.runtime.run_folder import command_in
+from longctx.runtime.run_layout import DEFAULT_ROOT, run_directory
 
 # How torch says an allocation failed, on a GPU and on the CPU.
 OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory", re.IGNORECASE)
@@ -478,7 +478,3 @@ def main(argv: list[str] | None = None) -> None:
         if debug_enabled():
             raise
         exit_with_error(err)
-
-
-if __name__ == "__main__":
-    main()

@@ -38,12 +38,12 @@ import lightning
 import torch
 from torch import Tensor
 
-from longctx.atomic import atomic_path, write_text_atomic
 from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
-from longctx.errors import OneLineArgumentParser, reported_as_one_line
 from longctx.methods import registry
+from longctx.runtime.atomic import atomic_path, write_text_atomic
+from longctx.runtime.errors import OneLineArgumentParser, reported_as_one_line
 
 # format -> module with `MODEL_CLASS`, `ARCH_KEYS`, `read_vocab(fmt, source, vocab)` (the word
 # vocabulary in the checkpoint's id order, or None), `architecture(fmt, source)` (the checkpoint's
@@ -113,7 +113,7 @@ def load_config(
     defaults, links such as `data.vocab_size` and class paths resolve exactly as in `test`), without
     a trainer, logger or run directory. A config of another model class than `model_class` is
     refused before anything is built, and `check` sees the resolved `model.init_args` first."""
-    from longctx.cli import LongCtxCLI
+    from longctx.commands.cli import LongCtxCLI
 
     class ConfigReader(LongCtxCLI):
         def _set_seed(self) -> None:
