@@ -18,8 +18,9 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
+from longctx.checkpoints.convert import ConvertError
 from longctx.checkpoints.safe_unpickle import UnsafePickleError, load_pickle, load_torch_pickle
-from longctx.commands.convert import ConvertError, convert, main, split_overrides, vocab_path_for
+from longctx.commands.convert import convert, main, split_overrides, vocab_path_for
 from longctx.data.tokenize import WordVocab
 from longctx.methods.adaptive_span.convert import (
     longctx_id,

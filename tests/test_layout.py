@@ -292,7 +292,9 @@ def test_the_run_directory_layout_is_spelled_only_in_run_layout():
 
 def test_the_run_layout_check_finds_a_spelled_name(tmp_path, monkeypatch):
     (tmp_path / "longctx" / "commands").mkdir(parents=True)
-    (tmp_path / "longctx" / "commands" / "sweep.py").write_text('SUMMARY = "summary.json"\n"""docs: summary.json"""\n')
+    (tmp_path / "longctx" / "commands" / "sweep.py").write_text(
+        'SUMMARY = "summary.json"\n"""docs: summary.json"""\n'
+    )
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert spelled_run_file_names(tmp_path / "longctx") == ["longctx/commands/sweep.py:1 summary.json"]
 

@@ -30,14 +30,12 @@ import shlex
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lightning
 import torch
-from torch import Tensor
 
+from longctx.checkpoints.convert import Converted, ConvertError, lightning_checkpoint, load_converted
 from longctx.core.base import LMBase
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
@@ -50,23 +48,6 @@ from longctx.runtime.errors import OneLineArgumentParser, reported_as_one_line
 # sizes as model.init_args), `configured(init_args)` (the config's, in the same keys) and
 # `convert(fmt, source, model, datamodule, vocab)`: each method's `checkpoint_formats` (its registry entry).
 FORMATS = registry.checkpoint_formats()
-
-
-class ConvertError(ValueError):
-    """A checkpoint that cannot be converted into the configured model (message says why and how)."""
-
-
-@dataclass
-class Converted:
-    """What a format converter returns.
-
-    state_dict: tensors under the model's own names (tied names may be given once, or several
-        times with equal values).
-    notes: lines printed after conversion (e.g. evaluation settings the checkpoint was released with).
-    """
-
-    state_dict: dict[str, Tensor]
-    notes: list[str] = field(default_factory=list)
 
 
 def vocab_path_for(dest: Path) -> Path:
@@ -138,62 +119,6 @@ def load_config(
         warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python")
         reader = ConfigReader(args=["--config", str(config), *overrides], run=False)
     return reader.model, reader.datamodule
-
-
-# ---------------------------------------------------------------------------------- loading
-def _tied_groups(model: torch.nn.Module) -> dict[str, list[str]]:
-    """For every state_dict key, all keys naming the same tensor (tied weights)."""
-    by_tensor: dict[int, list[str]] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        by_tensor.setdefault(id(tensor), []).append(name)
-    return {name: names for names in by_tensor.values() for name in names}
-
-
-def load_converted(model: LMBase, state: dict[str, Tensor], source: str) -> None:
-    """Copy `state` into `model`, refusing missing, unknown or mis-shaped tensors with both names."""
-    expected = model.state_dict()
-    groups = _tied_groups(model)
-    unknown = sorted(set(state) - set(expected))
-    if unknown:
-        raise ConvertError(f"{source}: converted tensors {unknown} have no place in {type(model).__name__}")
-    shapes = [
-        f"{name} has shape {tuple(tensor.shape)}, the config's model {tuple(expected[name].shape)}"
-        for name, tensor in state.items()
-        if tuple(tensor.shape) != tuple(expected[name].shape)
-    ]
-    if shapes:
-        raise ConvertError(
-            f"{source}: {len(shapes)} tensors do not fit: tensor for {'; '.join(shapes)}: the config does "
-            "not describe this checkpoint (check the model sizes and the corpus/vocabulary in the config)"
-        )
-    missing = sorted(name for name in expected if not any(alias in state for alias in groups[name]))
-    if missing:
-        raise ConvertError(f"{source}: nothing in the checkpoint fills {missing}")
-    for name in expected:
-        given = [alias for alias in groups[name] if alias in state]
-        if any(not torch.equal(state[given[0]], state[alias]) for alias in given[1:]):
-            raise ConvertError(
-                f"{source}: the config ties {given}, but the checkpoint holds different tensors for them "
-                "(check model.init_args.network.tie_weight / tie_projs)"
-            )
-    full = {name: state[next(a for a in groups[name] if a in state)] for name in expected}
-    model.load_state_dict(full, strict=True)
-
-
-def lightning_checkpoint(model: LMBase, arch_keys: Sequence[str], origin: dict[str, str]) -> dict[str, Any]:
-    """What `trainer.test(ckpt_path=...)` and `load_from_checkpoint` read: the state dict, the Lightning
-    version and the architecture hyperparameters (with `_class_path`, as LightningCLI saves them)."""
-    cls = type(model)
-    flat = cls.flatten_knobs(dict(model.hparams))  # flat names: `load_from_checkpoint` folds them back
-    hparams = {key: flat[key] for key in ("vocab_size", *arch_keys)}
-    return {
-        "state_dict": model.state_dict(),
-        "hyper_parameters": {"_class_path": f"{cls.__module__}.{cls.__qualname__}", **hparams},
-        "pytorch-lightning_version": lightning.__version__,
-        "epoch": 0,
-        "global_step": 0,
-        "converted_from": origin,
-    }
 
 
 # ---------------------------------------------------------------------------------- command

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from longctx.checkpoints.convert import Converted, ConvertError
 from longctx.checkpoints.safe_unpickle import load_tensors_file
-from longctx.commands.convert import Converted, ConvertError
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.data.tokenize import TEXT8_ALPHABET

@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from longctx.checkpoints.convert import Converted, ConvertError
 from longctx.checkpoints.safe_unpickle import Record, load_pickle, load_tensors_file, load_torch_pickle
-from longctx.commands.convert import Converted, ConvertError
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.transformer_xl.module import TransformerXLLM
 
