@@ -26,7 +26,7 @@ Memory: every configuration runs alone in its own process, so that its peak resi
 
 Then the cost per token of the paper's models against its Tables 1-2: the paper's #FLOPS counts
 multiply-accumulates (`macs_per_token`); longctx logs FLOPs = 2 × MACs (`flops_per_token`,
-`longctx.flops`). Both are printed.
+`longctx.core.flops`). Both are printed.
 
     python benchmarks/adaptive_span.py                       # S = 512, 2048, 8192 (CPU: ~5 min)
     python benchmarks/adaptive_span.py --spans 512 --steps 2 # quick
@@ -301,7 +301,9 @@ def main() -> None:
     print("FLOPs ratio = fixed's FLOPs/token ÷ this one (counted over the attended, trimmed positions).\n")
 
     print("Cost per token of the paper's models (methods/adaptive_span/flops.py): multiply-accumulates,")
-    print("the paper's #FLOPS convention, and FLOPs = 2 × MACs, longctx's convention (longctx/flops.py):")
+    print(
+        "the paper's #FLOPS convention, and FLOPs = 2 × MACs, longctx's convention (longctx/core/flops.py):"
+    )
     print(f"{'model':>40} {'params':>8} {'paper':>6} {'MMACs':>8} {'paper':>6} {'MFLOPs':>8}")
     paper = paper_flops()
     for row in paper:

@@ -5,7 +5,7 @@
 
 `append` adds one section per run, named by the device and the date (UTC), holding the commit and the
 tail of every log (a log's first line is its command, its last the exit status), written whole or not
-at all (`longctx.atomic`), so an interrupted run never leaves a half-written RESULTS.md.
+at all (`longctx.runtime.atomic`), so an interrupted run never leaves a half-written RESULTS.md.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def section(device: str, logs: list[Path], when: dt.datetime) -> str:
 
 def append(results: Path, device: str, logs: list[Path]) -> None:
     """Add the run's section at the end of `results`, whole or not at all."""
-    from longctx.atomic import write_text_atomic
+    from longctx.runtime.atomic import write_text_atomic
 
     old = results.read_text(encoding="utf-8") if results.exists() else "# Benchmark results\n"
     now = dt.datetime.now(dt.timezone.utc)

@@ -14,7 +14,7 @@ on WikiText-103) computes the head for every target and a tail cluster only for 
 module that has scored no target yet counts every cluster (all 267,735 words), so the output layer is
 counted for the step's own targets (`adaptive_softmax_macs`).
 
-FLOPs = 2 × multiply-accumulates (`longctx.flops`).
+FLOPs = 2 × multiply-accumulates (`longctx.core.flops`).
 """
 
 from __future__ import annotations

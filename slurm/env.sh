@@ -11,5 +11,5 @@ if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
 fi
 mkdir -p slurm/logs
 # Compute nodes often have no internet: W&B logs offline unless credentials are present (see
-# longctx/cli.py); `wandb sync runs/<run>/wandb/offline-run-*` uploads later from a login node.
+# longctx/commands/cli.py); `wandb sync runs/<run>/wandb/offline-run-*` uploads later from a login node.
 export PYTHONUNBUFFERED=1

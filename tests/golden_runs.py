@@ -67,7 +67,7 @@ def quickstart_losses(root: Path, threads: int) -> list[float]:
     """The quickstart's training losses for its first `QUICKSTART_STEPS` steps (its seed, 0), run
     through the CLI in-process on `threads` CPU threads."""
     from longctx.callbacks import CheckpointOnSigterm, RunRecord
-    from longctx.cli import PARSER_KWARGS, LongCtxCLI
+    from longctx.commands.cli import PARSER_KWARGS, LongCtxCLI
 
     recorder = TrainingLosses()
     with torch_threads(threads):

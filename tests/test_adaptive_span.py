@@ -293,7 +293,7 @@ def test_macs_per_token_matches_the_paper_small_model():
     assert abs(parameter_count(768, 24, 4096, 206, 8192, 8) / 209e6 - 1) < 0.01  # large: 209M
     # A fixed span of 8192 costs 4.3x the adaptive model: the attention term dominates.
     assert macs_per_token(512, 12, 2048, 27, 8192) / flops > 4
-    # The project's convention (longctx.flops): 2 FLOPs per multiply-accumulate.
+    # The project's convention (longctx.core.flops): 2 FLOPs per multiply-accumulate.
     assert flops_per_token(512, 12, 2048, 27, 314) == 2 * flops
 
 

@@ -1,4 +1,4 @@
-"""`longctx.atomic`: whole files or none, with the mode a plain `open` gives under the umask."""
+"""`longctx.runtime.atomic`: whole files or none, with the mode a plain `open` gives under the umask."""
 
 import os
 import stat
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from longctx.atomic import atomic_path, write_json_atomic, write_text_atomic
+from longctx.runtime.atomic import atomic_path, write_json_atomic, write_text_atomic
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.core.base import StepOutput
 from longctx.core.data_facts import FACTS, DataMismatch, missing_facts
 from longctx.data.datamodule import LMDataModule

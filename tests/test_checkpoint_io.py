@@ -77,7 +77,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_whole_and_says_what_it_needs(
 
 @pytest.mark.slow  # a tiny fit in-process (~10 s)
 def test_disk_full_during_a_fit_is_one_line_and_the_run_is_marked_failed(tmp_path, monkeypatch, capsys):
-    from longctx.cli import main
+    from longctx.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")

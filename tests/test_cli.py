@@ -18,7 +18,7 @@ import torch
 import wandb
 import yaml
 
-from longctx.cli import (
+from longctx.commands.cli import (
     WANDB_FOLDERS,
     LoggedConfigCallback,
     LongCtxCLI,
@@ -28,7 +28,7 @@ from longctx.cli import (
     run_name_from_env,
 )
 from longctx.methods.adaptive_span.network import SpanTransformerConfig
-from longctx.parse_errors import ParseError
+from longctx.runtime.errors import ParseError
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -312,7 +312,7 @@ def test_predict_is_not_offered(tmp_path):
 
 def test_a_second_live_run_with_the_same_name_is_refused_in_one_line(tmp_path):
     """Another live command in runs/quick (here: this process holds its lock) leaves it untouched."""
-    from longctx.run_lock import run_directory_lock
+    from longctx.runtime.run_lock import run_directory_lock
 
     with run_directory_lock(Path("runs/quick")), pytest.raises(SystemExit) as exit_info:
         main(quick_args(tmp_path))

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.transformer_xl.module import TransformerXLLM
 from tests.lm_fixtures import cpu_trainer

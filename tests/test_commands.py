@@ -1,6 +1,6 @@
 """`longctx.commands`: one command table for `python -m longctx` and the installed `longctx` script.
 
-The script is `[project.scripts] longctx` of pyproject.toml; it used to be `longctx.cli:main`, which
+The script is `[project.scripts] longctx` of pyproject.toml; it used to be `longctx.commands.cli:main`, which
 knew only LightningCLI's subcommands (`longctx convert` failed with "invalid choice")."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_both_entry_points_are_the_command_table():
 
 
 def test_the_table_holds_every_command_and_lightning_cli_s_subcommands():
-    from longctx.cli import LongCtxCLI
+    from longctx.commands.cli import LongCtxCLI
 
     assert set(commands.COMMANDS) == LIGHTNING_SUBCOMMANDS | {"convert", "report", "context"}
     assert set(LongCtxCLI.subcommands()) == LIGHTNING_SUBCOMMANDS
@@ -62,7 +62,7 @@ def test_the_script_runs_convert(capsys):
 
 
 def test_a_method_command_is_run_by_the_trainer_through_the_table(monkeypatch):
-    from longctx.cli import LongCtxTrainer
+    from longctx.commands.cli import LongCtxTrainer
 
     calls = []
     module, _, function = commands.TRAINER_COMMANDS["evaluate_overlaps"].partition(":")

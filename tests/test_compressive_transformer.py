@@ -605,7 +605,7 @@ def test_a_bad_network_field_is_one_line_at_config_construction(fields, message)
 def test_a_bad_network_field_on_the_command_line_is_its_one_line(tmp_path, capsys):
     """The Config's error, not jsonargparse's union error and a dump of every setting (cli.py,
     `ReportGroupErrors`)."""
-    from longctx.cli import main
+    from longctx.commands.cli import main
 
     config = Path(__file__).parents[1] / "configs" / "compressive_transformer_tiny.yaml"
     args = ["fit", "--config", str(config), "--data.corpus", "sample", "--data.split_sources", "null",

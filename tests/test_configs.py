@@ -59,7 +59,7 @@ class _ParserBuilt(Exception):
 @cache
 def cli_parser() -> Any:
     """The `python -m longctx` parser, built once (building it takes seconds)."""
-    from longctx.cli import LongCtxCLI
+    from longctx.commands.cli import LongCtxCLI
 
     class ParserOnly(LongCtxCLI):
         def parse_arguments(self, parser: Any, args: Any) -> None:

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from longctx import context
-from longctx.cli import LongCtxCLI, main
-from longctx.context import ContextError, log_to_wandb, save_figure
-from longctx.context import main as context_main
+from longctx.commands import context
+from longctx.commands.cli import LongCtxCLI, main
+from longctx.commands.context import ContextError, log_to_wandb, save_figure
+from longctx.commands.context import main as context_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.streams import SegmentStream
 from longctx.diagnostics import positions
@@ -475,7 +475,7 @@ def test_tables_and_figures_go_to_wandb_unless_disabled(tmp_path, monkeypatch):
     # in WANDB_SERVICE) would take the run and keep its records elsewhere.
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"} | {"WANDB_MODE": "offline"}
     code = (
-        "import json, sys; from pathlib import Path; from longctx.context import log_to_wandb; "
+        "import json, sys; from pathlib import Path; from longctx.commands.context import log_to_wandb; "
         "root = Path(sys.argv[1]); "
         "log_to_wandb(root, 'ctx', 'longctx-test', json.loads(sys.argv[2]), [root / 'context.png'])"
     )

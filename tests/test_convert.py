@@ -18,8 +18,9 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from longctx.checkpoints.convert import ConvertError, convert, main, split_overrides, vocab_path_for
+from longctx.checkpoints.convert import ConvertError
 from longctx.checkpoints.safe_unpickle import UnsafePickleError, load_pickle, load_torch_pickle
+from longctx.commands.convert import convert, main, split_overrides, vocab_path_for
 from longctx.data.tokenize import WordVocab
 from longctx.methods.adaptive_span.convert import (
     longctx_id,
@@ -430,7 +431,7 @@ def test_python_entry_point_dispatches_convert(tmp_path):
 def test_converted_checkpoint_evaluates_through_the_cli(tmp_path, monkeypatch):
     """`python -m longctx test --config C --ckpt_path DEST --data.vocab_file V` on real WikiText-2 text
     gives the same loss as the converted weights evaluated directly."""
-    from longctx.cli import main as cli_main
+    from longctx.commands.cli import main as cli_main
     from longctx.data.datamodule import LMDataModule
 
     data_root = FIXTURES.parents[1] / "data"
@@ -516,7 +517,7 @@ def test_evaluate_line_runs_without_a_train_split_and_reports_the_oov_rate(tmp_p
     vocabulary lacks are counted per split and written to summary.json."""
     import shlex
 
-    from longctx.cli import main as cli_main
+    from longctx.commands.cli import main as cli_main
 
     monkeypatch.chdir(tmp_path)
     data = ["--data.root", str(shared_dir() / "data"), "--data.download", "false"]

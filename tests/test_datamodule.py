@@ -15,8 +15,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from longctx.commands.data import main as prepare_main
 from longctx.data import cache, corpora
-from longctx.data.__main__ import main as prepare_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from tests.conftest import shared_dir, skip_without_shared

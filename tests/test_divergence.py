@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from longctx.callbacks.divergence import DivergenceError, StopOnDivergence, advice
 from longctx.callbacks.nan_origin import ALL_BAD_FIX
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.core.base import StepOutput
 from tests.lm_fixtures import CarryLM, SyntheticData, cpu_trainer
 from tests.methods import tiny

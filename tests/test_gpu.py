@@ -247,7 +247,7 @@ def test_bf16_mixed_fits_on_cuda(method, tmp_path):
 @GPU
 def test_quickstart_cli_fits_in_bf16_on_cuda(tmp_path, monkeypatch):
     """The user's path: `python -m longctx fit` with the GPU trainer flags, a few steps."""
-    from longctx.cli import main
+    from longctx.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
     cli = main(

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from longctx import run_layout
 from longctx.core.base import LMBase
 from longctx.methods import registry
+from longctx.runtime import run_layout
 from tests.methods import TINY
 from tests.test_configs import load_expected
 
@@ -232,24 +232,30 @@ def test_the_check_finds_direct_and_transitive_lightning_imports():
     assert "lightning.pytorch" in found["longctx/core/base.py"]
 
 
-def import_cycles(root: Path) -> list[list[str]]:
-    """Groups of longctx modules under `root` that import each other, directly or through others
-    (imports inside functions count: they are the usual way a cycle is hidden)."""
-    graph = {
+def import_graph(root: Path) -> dict[Path, set[Path]]:
+    """{file: the files of the longctx modules it imports} for every module under `root` (imports inside
+    functions count: they are the usual way a cycle or an upward import is hidden)."""
+    return {
         path: {p for m in imported_modules(path) if (p := source_of(m)) is not None and p != path}
         for path in sorted(root.rglob("*.py"))
     }
 
-    def reachable(start: Path) -> set[Path]:
-        seen, todo = set(), list(graph.get(start, ()))
-        while todo:
-            path = todo.pop()
-            if path not in seen:
-                seen.add(path)
-                todo.extend(graph.get(path, ()))
-        return seen
 
-    reach = {path: reachable(path) for path in graph}
+def reachable(graph: dict[Path, set[Path]], start: Path) -> set[Path]:
+    """The files `start` imports in `graph`, directly or through others."""
+    seen, todo = set(), list(graph.get(start, ()))
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(graph.get(path, ()))
+    return seen
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Groups of longctx modules under `root` that import each other, directly or through others."""
+    graph = import_graph(root)
+    reach = {path: reachable(graph, path) for path in graph}
     groups = {frozenset(q for q in reach[p] if p in reach.get(q, ())) for p in graph if p in reach[p]}
     return sorted(sorted(str(p.relative_to(REPO)) for p in group) for group in groups)
 
@@ -291,28 +297,92 @@ def test_the_run_directory_layout_is_spelled_only_in_run_layout():
 
 
 def test_the_run_layout_check_finds_a_spelled_name(tmp_path, monkeypatch):
-    (tmp_path / "longctx").mkdir()
-    (tmp_path / "longctx" / "sweep.py").write_text('SUMMARY = "summary.json"\n"""docs: summary.json"""\n')
+    (tmp_path / "longctx" / "commands").mkdir(parents=True)
+    (tmp_path / "longctx" / "commands" / "sweep.py").write_text(
+        'SUMMARY = "summary.json"\n"""docs: summary.json"""\n'
+    )
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    assert spelled_run_file_names(tmp_path / "longctx") == ["longctx/sweep.py:1 summary.json"]
+    assert spelled_run_file_names(tmp_path / "longctx") == ["longctx/commands/sweep.py:1 summary.json"]
 
 
 def test_the_run_layout_imports_neither_lightning_nor_torch():
-    path = REPO / "longctx" / "run_layout.py"
+    path = REPO / "longctx" / "runtime" / "run_layout.py"
     assert lightning_imports(path) == {}
     assert not {m for m in imported_modules(path) if m.split(".")[0] in ("torch", "numpy")}
 
 
-def method_imports(root: Path) -> list[str]:
-    """The method modules (`longctx/methods/<method>/...`) `root` reaches, directly or transitively."""
+def reached_modules(root: Path) -> set[Path]:
+    """The files of the longctx modules `root` imports, directly or transitively (`root` included)."""
     seen, todo = set(), [root]
     while todo:
         path = todo.pop()
         if path not in seen:
             seen.add(path)
             todo.extend(p for m in imported_modules(path) if (p := source_of(m)) is not None)
+    return seen
+
+
+def method_imports(root: Path) -> list[str]:
+    """The method modules (`longctx/methods/<method>/...`) `root` reaches, directly or transitively."""
     methods = REPO / "longctx" / "methods"
-    return sorted(str(p.relative_to(REPO)) for p in seen if p.parent != methods and methods in p.parents)
+    reached = reached_modules(root)
+    return sorted(str(p.relative_to(REPO)) for p in reached if p.parent != methods and methods in p.parents)
+
+
+# The package's rooms: the commands (`longctx/commands/`) stand on the library folders beside them
+# and are imported by none; the package top holds the entry points and little else.
+MAX_LOOSE_MODULES = 6
+LIBRARY_ROOMS = {"core", "data", "methods", "optim", "callbacks", "checkpoints", "diagnostics", "runtime"}
+
+
+def loose_modules(package: Path) -> list[str]:
+    """The modules at the package top, outside every room."""
+    return sorted(p.name for p in package.glob("*.py"))
+
+
+def upward_imports(package: Path) -> list[str]:
+    """`importer -> commands module` for every module of a library room (any folder of the package but
+    `commands/`) that reaches the commands, directly or through others (imports inside functions
+    count). A `__main__.py` is no library code but an entry point: `python -m` runs it, nothing imports
+    it, so it may import its command."""
+    commands = package / "commands"
+    rooms = [p for p in package.iterdir() if (p / "__init__.py").is_file() and p != commands]
+    graph = import_graph(package)
+    found = []
+    for start in sorted(f for room in rooms for f in room.rglob("*.py") if f.name != "__main__.py"):
+        upward = sorted(p for p in reachable(graph, start) if commands in p.parents)
+        found += [f"{start.relative_to(REPO)} -> {p.relative_to(REPO)}" for p in upward]
+    return sorted(found)
+
+
+def test_the_package_top_holds_few_modules_and_no_library_room_imports_the_commands():
+    package = REPO / "longctx"
+    assert len(loose_modules(package)) <= MAX_LOOSE_MODULES, loose_modules(package)
+    rooms = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == LIBRARY_ROOMS | {"commands"}  # a new folder is a library room unless it is listed here
+    assert upward_imports(package) == []
+
+
+def test_the_rooms_check_finds_loose_modules_and_imports_that_run_up(tmp_path, monkeypatch):
+    package = tmp_path / "longctx"
+    for room in ("commands", "data", "callbacks", "core"):
+        (package / room).mkdir(parents=True)
+        (package / room / "__init__.py").write_text("")
+    (package / "commands" / "cli.py").write_text("X = 1\n")
+    (package / "commands" / "sweep.py").write_text("from longctx.commands.cli import X\n")
+    (package / "sweep.py").write_text("from longctx.commands.sweep import main\n")  # an entry point
+    (package / "data" / "__main__.py").write_text("from longctx.commands import cli\n")  # an entry point
+    (package / "callbacks" / "record.py").write_text("def f():\n    from longctx.commands.cli import X\n")
+    (package / "core" / "base.py").write_text("from longctx import sweep\n")  # through the entry point
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert upward_imports(package) == [
+        "longctx/callbacks/record.py -> longctx/commands/cli.py",
+        "longctx/core/base.py -> longctx/commands/cli.py",
+        "longctx/core/base.py -> longctx/commands/sweep.py",
+    ]
+    for name in ("__init__", "__main__", "a", "b", "c", "d", "e"):
+        (package / f"{name}.py").write_text("")
+    assert len(loose_modules(package)) == 8 > MAX_LOOSE_MODULES
 
 
 SHARED = sorted(
@@ -463,7 +533,8 @@ def test_every_method_maps_its_papers_symbols_to_code_that_exists(method):
 def test_the_notation_check_finds_a_missing_table_and_a_stale_reference(tmp_path, monkeypatch):
     package = tmp_path / "longctx" / "methods" / "m"
     package.mkdir(parents=True)
-    (tmp_path / "longctx" / "flops.py").write_text("def count():\n    pass\n")
+    (tmp_path / "longctx" / "core").mkdir(parents=True)
+    (tmp_path / "longctx" / "core" / "flops.py").write_text("def count():\n    pass\n")
     (package / "network.py").write_text(
         "class Net:\n    size = 1\n\n    def __init__(self):\n        self.S, self.R = 1, 2\n\n"
         "def mask():\n    pass\n"
@@ -476,20 +547,20 @@ def test_the_notation_check_finds_a_missing_table_and_a_stale_reference(tmp_path
     table = (
         "| symbol | longctx |\n|--------|---------|\n"
         "| S, R | network.py:Net.S, network.py:Net.R, network.py:Net.size |\n"
-        "| m_z | network.py:mask, longctx/flops.py:count (code: pytorch/mem_transformer.py:Net.x) |\n"
-        "| z | network.py:Net.z, network.py:masks, memory.py:Net, longctx/flops.py:mask |\n"
+        "| m_z | network.py:mask, longctx/core/flops.py:count (code: pytorch/mem_transformer.py:Net.x) |\n"
+        "| z | network.py:Net.z, network.py:masks, memory.py:Net, longctx/core/flops.py:mask |\n"
     )
     (package / "__init__.py").write_text(f'"""Method m.\n\n{table}"""\n')
     assert notation_problems(package) == [
         "longctx/methods/m/__init__.py: network.py:Net.z is not defined there",
         "longctx/methods/m/__init__.py: network.py:masks is not defined there",
         "longctx/methods/m/__init__.py: memory.py:Net is not defined there",
-        "longctx/methods/m/__init__.py: longctx/flops.py:mask is not defined there",
+        "longctx/methods/m/__init__.py: longctx/core/flops.py:mask is not defined there",
     ]
 
 
 # Module-level names that several methods define on purpose: the FLOPs convention of every method and
-# the protocol `longctx.checkpoints.convert` calls on a method's `convert.py`. Any other name defined
+# the protocol `longctx.commands.convert` calls on a method's `convert.py`. Any other name defined
 # in two method folders is renamed (docs/architecture.md, "Adding a method").
 SHARED_PROTOCOL_NAMES = {
     "flops_per_token",

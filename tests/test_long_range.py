@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.data.streams import contiguous_rows
 from longctx.data.synth import load_marks
 

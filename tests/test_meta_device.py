@@ -1,7 +1,7 @@
 """Every network's forward and backward runs with parameters and inputs on the `meta` device.
 
 Meta tensors have shapes but no values, so this fails on any host sync (`.item()`, `bool(t)`,
-`.tolist()` raise on meta) other than those listed in `longctx/host_sync.py`, which skip themselves
+`.tolist()` raise on meta) other than those listed in `longctx/core/host_sync.py`, which skip themselves
 there, and on any tensor created on the CPU inside a forward or backward (a missing `device=`): every
 op's output is checked. A network that passes runs on a GPU without hidden transfers or stalls.
 """

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from longctx.data.__main__ import main as data_main
+from longctx.commands.data import main as data_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.mqar import MQARSettings, generate
 from longctx.data.synth import load_marks

@@ -17,18 +17,17 @@ from types import SimpleNamespace
 import pytest
 from jsonargparse import Namespace
 
-from longctx import report
-from longctx.cli import ConfigError, check_trainer_settings, main, parser_only
-from longctx.errors import DEBUG_ENV, BadInput, NotText
+from longctx.commands import report
+from longctx.commands.cli import ConfigError, check_trainer_settings, main, parser_only
+from longctx.commands.report import main as report_main
+from longctx.commands.sweep import main as sweep_main
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.recurrence.hf import build_lm
 from longctx.methods.recurrence.overlaps import check_overlaps
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.window_transformer.network import WindowTransformer
-from longctx.parse_errors import ParseError
-from longctx.report import main as report_main
-from longctx.sweep import main as sweep_main
+from longctx.runtime.errors import DEBUG_ENV, BadInput, NotText, ParseError
 from tests.lm_fixtures import CarryLM
 
 REPO = Path(__file__).resolve().parents[1]

@@ -68,7 +68,7 @@ def overlaps_args(tmp_path: Path, overlaps: str, *extra: str) -> list[str]:
 
 @pytest.mark.slow  # three in-process evaluations (~15 s)
 def test_overlaps_are_kept_as_they_finish_and_a_rerun_skips_them(tmp_path, monkeypatch, capsys):
-    from longctx.cli import main
+    from longctx.commands.cli import main
     from longctx.methods.recurrence.module import RecurrentGPT2LM
 
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,4 @@
-"""`longctx.process_exit`: a process that joined a process group ends after its exit handlers and
+"""`longctx.runtime.process_exit`: a process that joined a process group ends after its exit handlers and
 threads, with the status `sys.exit` would give, and without finalizing the interpreter (where gloo's
 threads made a finished DDP rank abort with "terminate called without an active exception")."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from longctx import commands
-from longctx.process_exit import exit_status
+from longctx.runtime.process_exit import exit_status
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ ENDING = """
 import atexit, sys, threading, time
 import torch
 import torch.distributed as dist
-from longctx.process_exit import run_and_exit_cleanly
+from longctx.runtime.process_exit import run_and_exit_cleanly
 
 join, how = sys.argv[1] == "join", sys.argv[2]
 
@@ -99,7 +99,7 @@ def test_exit_status_is_the_interpreter_s(capsys):
 def test_the_script_exits_0_after_a_lightning_command(monkeypatch):
     """What failed: the installed script runs `sys.exit(main())`, and `main` returned the LongCtxCLI,
     which `sys.exit` printed and turned into status 1 after every finished `longctx fit`."""
-    from longctx import cli
+    from longctx.commands import cli
 
     monkeypatch.setattr(cli, "main", lambda argv: object())
     with pytest.raises(SystemExit) as info:

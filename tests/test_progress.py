@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from longctx.cli import main
+from longctx.commands.cli import main
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longctx.cli import main
-from longctx.context import main as context_main
-from longctx.data.__main__ import main as data_main
+from longctx.commands.cli import main
+from longctx.commands.context import main as context_main
+from longctx.commands.data import main as data_main
 from longctx.data.synth import load_marks
 
 REPO = Path(__file__).resolve().parents[1]

@@ -519,7 +519,7 @@ def test_evaluate_overlaps_from_the_cli_on_real_wikitext_raw(tmp_path, monkeypat
     """`evaluate_overlaps` of the tiny config on the bundled WikiText-103-raw test split (GPT-2 BPE)."""
     from pathlib import Path
 
-    from longctx.cli import main as cli_main
+    from longctx.commands.cli import main as cli_main
 
     repo = Path(__file__).resolve().parents[1]
     shared = shared_dir() / "data"

@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from longctx.checkpoints.safe_unpickle import load_tensors_file
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.core.base import detach_memory
 from longctx.core.data_facts import DataMismatch
 from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token

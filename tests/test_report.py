@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import yaml
 
-from longctx.cli import main
-from longctx.report import main as report_main
+from longctx.commands.cli import main
+from longctx.commands.report import main as report_main
 from tests.lm_fixtures import CarryLM, carry_lm_cli
 from tests.methods import config_init_args
 
@@ -308,7 +308,7 @@ def test_report_skips_a_folder_that_is_not_a_run(tmp_path, capsys):
 def test_figures_plot_validation_bpb_of_runs_that_were_not_tested(tmp_path):
     """Runs fitted and validated but never tested (the tiny recipes of docs/training.md) are plotted by their
     validation bits per byte."""
-    from longctx.report import read_runs, scatter, table
+    from longctx.commands.report import read_runs, scatter, table
 
     _write_run(tmp_path, "tested", _finished(2.0, **{"test/flops_per_token": 1e6}))
     _write_run(tmp_path, "fit_only", {"status": "finished", "peak_memory_bytes": 2**30,
@@ -360,7 +360,7 @@ def test_the_numbers_of_nearby_points_never_overlap_and_name_their_runs(tmp_path
     """Four XL-family runs at one spot printed their names over one another: each point now carries
     its row's number, placed apart from every other number and point inside the axes, and the legend
     names the run of each number."""
-    from longctx.report import number_box, scatter
+    from longctx.commands.report import number_box, scatter
 
     rows = []
     for i, name in enumerate(["xl", "rpe", "trams", "xl_no_memory", "compressive", "span", "window"]):

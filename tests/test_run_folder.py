@@ -1,6 +1,6 @@
 """One run per run folder: a `fit` into a folder that holds a run is refused or moves it aside, every
 file is listed with the command that wrote it, an evaluation replaces its own earlier files, and a
-command refused before its work starts leaves nothing behind (`longctx.run_folder`).
+command refused before its work starts leaves nothing behind (`longctx.runtime.run_folder`).
 
 The folder functions are tested on plain files; the CLI's use of them in-process, on a tiny model
 (`CarryLM`, the `sample` corpus, a few steps), as `tests/test_report.py` runs it.
@@ -16,8 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longctx.cli import main
-from longctx.run_folder import Ledger, held_run, move_aside, read_summary, record_command, undone_if_refused
+from longctx.commands.cli import main
+from longctx.runtime.run_folder import (
+    Ledger,
+    held_run,
+    move_aside,
+    read_summary,
+    record_command,
+    undone_if_refused,
+)
 from tests.lm_fixtures import carry_lm_cli
 
 

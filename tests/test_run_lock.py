@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from longctx.run_lock import RunDirectoryBusy, holds_run_locks, run_directory_lock
+from longctx.runtime.run_lock import RunDirectoryBusy, holds_run_locks, run_directory_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
 HOLDER = """
 import sys, time
-from longctx.run_lock import run_directory_lock
+from longctx.runtime.run_lock import run_directory_lock
 with run_directory_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(60)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longctx.sweep import run_lines, task_arguments
+from longctx.commands.sweep import run_lines, task_arguments
 from tests.conftest import shared_dir, skip_without_shared
 from tests.fake_slurm import install_python, slurm_node_env
 

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from longctx.cli import LongCtxCLI
-from longctx.data.corpora import get_corpus
-from longctx.sweep import (
+from longctx.commands.cli import LongCtxCLI
+from longctx.commands.sweep import (
     SUBCOMMANDS,
     LineError,
     LineResolver,
@@ -33,6 +32,7 @@ from longctx.sweep import (
     task_arguments,
     without_option,
 )
+from longctx.data.corpora import get_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "slurm" / "sweeps").glob("*.txt"))

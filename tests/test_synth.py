@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longctx.data.__main__ import main as data_main
+from longctx.commands.data import main as data_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.synth import INITIAL_WORDS, WORDS, SynthSettings, generate, load_marks, marked_tokens
 from longctx.data.tokenize import gpt2_files, gpt2_tokenizer_from_files

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from tokenizers import ByteLevelBPETokenizer
 
-from longctx.cli import main as cli_main
+from longctx.commands.cli import main as cli_main
+from longctx.commands.data import main as data_main
 from longctx.data import cache
-from longctx.data.__main__ import main as data_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.data.text_files import TextFileError

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.callbacks.token_nll import TOKEN_NLL_FILE, TokenNLLWriter
-from longctx.cli import LongCtxTrainer, main
+from longctx.commands.cli import LongCtxTrainer, main
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.recall import TargetMarks
 from longctx.data.cache import TokenizedCorpus, TokenizedSplit

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from longctx.callbacks import UpdateEveryAfter
-from longctx.parse_errors import ParseError
+from longctx.runtime.errors import ParseError
 from tests.lm_fixtures import cpu_trainer
 
 

@@ -17,13 +17,12 @@ import torch
 
 from longctx.checkpoints.fit_check import check_checkpoint_fits
 from longctx.checkpoints.safe_unpickle import NotACheckpoint, load_tensors_file
-from longctx.cli import main, parser_only
-from longctx.data.__main__ import main as data_main
-from longctx.errors import DEBUG_ENV
+from longctx.commands.cli import main, parser_only
+from longctx.commands.data import main as data_main
+from longctx.commands.sweep import check_sweeps
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.recurrence.export import main as export_main
-from longctx.parse_errors import ParseError
-from longctx.sweep import check_sweeps
+from longctx.runtime.errors import DEBUG_ENV, ParseError
 
 XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
 CONFIG = f"""\
@@ -375,7 +374,7 @@ def test_export_of_the_wrong_checkpoint_is_one_line(tmp_path, tiny_model):
 
 # ---------------------------------------------------------------------------------- other entry points
 def test_report_without_run_directories_is_one_line():
-    from longctx.report import main as report_main
+    from longctx.commands.report import main as report_main
 
     with pytest.raises(SystemExit) as info:
         report_main([])

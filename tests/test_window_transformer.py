@@ -11,7 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.methods.window_transformer.flops import flops_per_token
 from longctx.methods.window_transformer.module import WindowTransformerLM
 from longctx.methods.window_transformer.network import CausalSelfAttention, WindowTransformer

@@ -43,7 +43,7 @@ from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.trainer.states import TrainerFn
 
 from longctx.callbacks.nan_origin import StepRecord, memory_before, nonfinite_weights, origin, weights_note
-from longctx.errors import one_line
+from longctx.runtime.errors import one_line
 
 
 class DivergenceError(RuntimeError):

@@ -120,7 +120,7 @@ class ProgressLog(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         # A fit refused before training began says so in its one error line, and leaves no run
-        # directory for this line to name (`longctx.run_folder.undone_if_refused`).
+        # directory for this line to name (`longctx.runtime.run_folder.undone_if_refused`).
         if trainer.is_global_zero and trainer.state.fn == TrainerFn.FITTING and self._training:
             # A signal's checkpoint is written after this hook (CheckpointOnSigterm comes later in
             # the callbacks): name the file it is writing, not "no checkpoint saved".

@@ -23,16 +23,16 @@ a line whose run directory's `summary.json` says `"status": "finished"`.
   (`{"fit": "finished", "test": "failed"}`) and `commands` the command line (`python -m longctx`
   arguments) of each (`{"fit": ["fit", "--config", ...]}`), and `config_digests` what each command
   resolved to (sha256 of its parsed settings, config files' contents included: see
-  `longctx.config_digest`): the sweep runner skips a line only when the command recorded for its
+  `longctx.runtime.config_digest`): the sweep runner skips a line only when the command recorded for its
   subcommand is the line and the digest recorded is what the line resolves to now. A `validate` or
   `test` replaces the `val/*` or `test/*` metrics of an earlier one, so none of them outlives the
   command that computed it. `artifacts` lists every file of the folder with the command that wrote
   it, and the files an earlier command of the same subcommand wrote that this one did not write again
-  are removed (`longctx.run_folder.Ledger`).
+  are removed (`longctx.runtime.run_folder.Ledger`).
 
 A command that fails before its work starts (before `fit`'s first training step, before the first
 evaluation batch: bad input found while it sets up) writes no record: its one error line is the
-record, and the CLI removes what it created (`longctx.run_folder.undone_if_refused`), so it leaves
+record, and the CLI removes what it created (`longctx.runtime.run_folder.undone_if_refused`), so it leaves
 no `failed` folder behind and a folder that held a run keeps that run's record untouched.
 
 Training tokens are the scored targets of this rank's batches times the world size (every rank
@@ -55,11 +55,11 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from longctx.atomic import write_text_atomic
 from longctx.callbacks.divergence import DivergenceError
 from longctx.callbacks.progress import scored_tokens
-from longctx.run_folder import Ledger, read_summary, record_command
-from longctx.run_layout import METRICS, SUMMARY
+from longctx.runtime.atomic import write_text_atomic
+from longctx.runtime.run_folder import Ledger, read_summary, record_command
+from longctx.runtime.run_layout import METRICS, SUMMARY
 
 EVAL_PREFIXES = ("val/", "test/")
 # The metrics an evaluation subcommand computes in full: they replace an earlier one's.
@@ -178,7 +178,7 @@ class RunRecord(pl.Callback):
     ) -> None:
         """Write `summary.json` for a subcommand that ended (with `error` None when it finished);
         `command` is its command line (`python -m longctx` arguments), `config_digest` what that
-        resolved to (`longctx.config_digest`). Nothing for a command that failed before its work
+        resolved to (`longctx.runtime.config_digest`). Nothing for a command that failed before its work
         started."""
         tokens = self.tokens_seen()  # every rank: no collective inside, but keep ranks alike
         if not trainer.is_global_zero or (error is not None and not self.started):

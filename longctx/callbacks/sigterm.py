@@ -16,7 +16,7 @@ ignored (`nohup`, a background job of a script) keeps ignoring it.
 
 SLURM's own requeue path is unchanged: SIGUSR1 (`#SBATCH --signal=SIGUSR1@90`) still makes Lightning
 save `hpc_ckpt_N.ckpt` and requeue, and a requeued job with no `--ckpt_path` resumes (from the newer
-of it and `last.ckpt`: `longctx.cli`). The SIGTERM that SLURM sends when it then ends the job also
+of it and `last.ckpt`: `longctx.commands.cli`). The SIGTERM that SLURM sends when it then ends the job also
 lands here and leaves a `last.ckpt` as well.
 
 `last.ckpt` stays the newest model. A `ModelCheckpoint(save_last=True)` writes its last checkpoint
@@ -24,7 +24,7 @@ under a new name (`last-v1.ckpt`) when a file of that name exists that it does n
 (`last_model_path`, kept in its checkpointed state), and it never knows the `last.ckpt` saved here or
 before a requeue: a run resumed from that file would write its newer weights as `last-v1.ckpt`
 beside the stale `last.ckpt`. So a resumed fit's checkpoint callbacks take the `last.ckpt` of their
-folder as their own (`adopt_last_checkpoints`): a run folder holds one run (`longctx.run_folder`),
+folder as their own (`adopt_last_checkpoints`): a run folder holds one run (`longctx.runtime.run_folder`),
 so the file is this run's, and their next save replaces it. Their top-k checkpoints keep Lightning's
 names.
 """
@@ -45,8 +45,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from longctx.errors import SIGINT_EXIT_CODE
-from longctx.run_layout import LAST_CHECKPOINT, checkpoint_dir
+from longctx.runtime.errors import SIGINT_EXIT_CODE
+from longctx.runtime.run_layout import LAST_CHECKPOINT, checkpoint_dir
 
 EXIT_CODE = 128 + signal.SIGTERM
 

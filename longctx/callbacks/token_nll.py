@@ -31,13 +31,13 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from longctx.atomic import atomic_path
 from longctx.core.base import LMBase
 from longctx.core.token_nll import TokenNLLCollector
 from longctx.data.datamodule import LMDataModule
-from longctx.run_layout import TOKEN_NLL
+from longctx.runtime.atomic import atomic_path
+from longctx.runtime.run_layout import TOKEN_NLL
 
-TOKEN_NLL_FILE = TOKEN_NLL  # the run directory's name for it (`longctx.run_layout`)
+TOKEN_NLL_FILE = TOKEN_NLL  # the run directory's name for it (`longctx.runtime.run_layout`)
 
 
 class TokenNLLWriter(pl.Callback):

@@ -24,7 +24,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from longctx.parse_errors import ParseError
+from longctx.runtime.errors import ParseError
 
 
 class UpdateEveryAfter(pl.Callback):

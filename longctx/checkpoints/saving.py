@@ -8,7 +8,7 @@ checkpoint under its final name, which `ModelCheckpoint` then announces as the b
 
 `AtomicCheckpointIO` (the CLI gives it to every run's strategy) serializes the checkpoint in memory
 as Lightning does, writes it to a temporary file in the checkpoint's own folder, syncs it, and
-renames it onto the final name (`longctx.atomic.atomic_path`): a reader sees the old file or the new
+renames it onto the final name (`longctx.runtime.atomic.atomic_path`): a reader sees the old file or the new
 one, never part of one. Out of space (ENOSPC, or EDQUOT for a quota) the temporary file is removed
 and `DiskFullError` says which file, how much it needs and how much is free. Remote paths
 (`s3://...`) keep Lightning's own writer. The run's config (`config.yaml`, the CLI's first file in the
@@ -28,7 +28,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.strategies import Strategy
 
-from longctx.atomic import atomic_path
+from longctx.runtime.atomic import atomic_path
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 

@@ -204,7 +204,7 @@ class LMBase(pl.LightningModule):
         raise NotImplementedError
 
     def flops_per_token(self, segment_length: int) -> float | None:
-        """Forward FLOPs per scored token at evaluation, in `longctx.flops`'s convention (2 × MACs),
+        """Forward FLOPs per scored token at evaluation, in `longctx.core.flops`'s convention (2 × MACs),
         for batches of segment (window) length `segment_length`; logged as `{val,test}/flops_per_token`.
         None: not counted."""
         return None

@@ -1,7 +1,7 @@
-"""DDP with `start_method="spawn"` whose workers end as `longctx.process_exit` ends a CLI rank.
+"""DDP with `start_method="spawn"` whose workers end as `longctx.runtime.process_exit` ends a CLI rank.
 
 A spawned worker is a fresh interpreter that finalizes when its function returns, beside gloo's
-worker threads: the abort `longctx.process_exit` explains (it hit a `ddp_spawn` test on CI). Lightning
+worker threads: the abort `longctx.runtime.process_exit` explains (it hit a `ddp_spawn` test on CI). Lightning
 offers no hook after the worker's function, so the spawn strategies of Lightning's registry
 (`ddp_spawn`, `ddp_spawn_find_unused_parameters_{true,false}`) are registered again, once, with
 `SpawnDDPStrategy`: the same DDPStrategy whose launcher ends a worker with `end_process(0)` once
@@ -16,7 +16,7 @@ from typing import Any
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
-from longctx.process_exit import end_process
+from longctx.runtime.process_exit import end_process
 
 
 class SpawnLauncher(_MultiProcessingLauncher):

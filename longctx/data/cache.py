@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from longctx.atomic import created_dirs, umask_mode
 from longctx.data import pg19
 from longctx.data.corpora import (
     CONTIGUOUS_SPLIT,
@@ -71,6 +70,7 @@ from longctx.data.tokenize import (
     text_lines,
     unit_token_bytes,
 )
+from longctx.runtime.atomic import created_dirs, umask_mode
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import IO
 
 from tqdm.auto import tqdm
 
-from longctx.atomic import created_dirs, umask_mode
 from longctx.data.corpora import Archive, Checksum, Member
+from longctx.runtime.atomic import created_dirs, umask_mode
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60

@@ -50,8 +50,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from longctx.atomic import atomic_path, write_json_atomic
 from longctx.data.cache import SPLITS, WORDS_TOKENIZER
+from longctx.runtime.atomic import atomic_path, write_json_atomic
 
 GapLaw = Literal["uniform", "zoology"]
 Filler = Literal["separate", "random"]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from longctx.errors import BadInput
+from longctx.runtime.errors import BadInput
 
 Batch = dict[str, Tensor]
 Wrap = Literal["restart", "random_offset"]

@@ -41,8 +41,8 @@ from typing import Literal
 
 import numpy as np
 
-from longctx.atomic import atomic_path, write_json_atomic, write_text_atomic
 from longctx.data.cache import SPLITS
+from longctx.runtime.atomic import atomic_path, write_json_atomic, write_text_atomic
 
 Task = Literal["copy", "recall"]
 TASKS: tuple[Task, ...] = ("copy", "recall")

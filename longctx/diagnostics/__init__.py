@@ -4,5 +4,5 @@
 - `recl`: the Relative Effective Context Length of Dai et al. (2019) over a group of models;
 - `positions`: loss by position within the segment/window and by distance to the document start;
 - `figures`: the figures of the three tables.
-The command itself is `longctx.context`.
+The command itself is `longctx.commands.context`.
 """

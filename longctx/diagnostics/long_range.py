@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from longctx.data.synth import load_marks, marks_path
-from longctx.run_layout import TOKEN_NLL
+from longctx.runtime.run_layout import TOKEN_NLL
 
 # The split `token_nll.npz` holds, by the subcommand that wrote it last (summary.json `subcommand`).
 SCORED_SPLIT = {"test": "test", "validate": "valid", "fit": "valid"}

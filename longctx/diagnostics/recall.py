@@ -28,7 +28,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from longctx.diagnostics.long_range import marks_for_run
-from longctx.run_layout import TOKEN_NLL
+from longctx.runtime.run_layout import TOKEN_NLL
 
 N_BINS = 8  # distance bins of the table and figure (fewer when there are fewer distinct distances)
 

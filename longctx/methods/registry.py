@@ -3,7 +3,7 @@ smallest model, and what it adds to the shared commands.
 
 Adding a method means one folder (`longctx/methods/<method>/`), its configs and one entry here
 (docs/architecture.md, "Adding a method"). Shared code reaches a method only through this table:
-`longctx.commands` adds its trainer commands, `longctx.checkpoints.convert` its checkpoint formats,
+`longctx.commands` adds its trainer commands, `longctx.commands.convert` its checkpoint formats,
 `report` and `context` ask its module class (`LMBase.describe_run`, `LMBase.context_axes`), and
 every cross-method test (`tests/methods.py`: resume, DDP, precision, compile, train mode, meta device,
 per-token losses, golden numbers) and the compile benchmark run every method listed here.
@@ -43,7 +43,7 @@ class Method:
     bench_knobs: its knobs in `benchmarks/compile.py`'s small network (4 layers, d 256: the
     benchmark sets the sizes), e.g. its memory lengths at that scale.
     trainer_commands: the LightningCLI subcommands it adds (`longctx.commands`); checkpoint_formats:
-    format → module converting the authors' released checkpoints (`longctx.checkpoints.convert`).
+    format → module converting the authors' released checkpoints (`longctx.commands.convert`).
     """
 
     module: str

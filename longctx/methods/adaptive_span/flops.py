@@ -3,7 +3,7 @@
 The paper's "#FLOPS" column counts the cost of one step prediction in multiply-accumulates (MACs): a
 model whose cost is dominated by its weight matrices has about as many FLOPS as parameters (the small
 model: 38M parameters, 42M FLOPS). `macs_per_token` is that count; `flops_per_token` is the project's
-convention (`longctx.flops`: FLOPs = 2 × MACs), what the module logs as `{val,test}/flops_per_token`.
+convention (`longctx.core.flops`: FLOPs = 2 × MACs), what the module logs as `{val,test}/flops_per_token`.
 Per token and per layer:
 
     projections  4·d²                (Q, K, V, O; bias-free)
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from longctx.flops import flops_from_macs
+from longctx.core.flops import flops_from_macs
 from longctx.methods.adaptive_span.mask import attended_length
 
 Spans = float | Sequence[float] | Sequence[Sequence[float]]

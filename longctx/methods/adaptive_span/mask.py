@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from longctx.host_sync import host_values
+from longctx.core.host_sync import host_values
 
 # The code trims and sizes caches in steps of 64 positions ("too fine granularity might be bad for
 # the memory management"), and keeps 64 more cached positions than the current span needs.
@@ -89,13 +89,13 @@ class AdaptiveMask(nn.Module):
 
     def attended_length(self) -> int:
         """Previous positions this layer attends to now (the code's S - trim_len); a host sync
-        (`longctx/host_sync.py`), S on the meta device."""
+        (`longctx/core/host_sync.py`), S on the meta device."""
         z_max = host_values(self.z.max())
         return self.S if z_max is None else attended_length(z_max, self.S, self.R)
 
     def head_attended_lengths(self) -> list[int]:
         """Per head, the previous positions its own span needs (the code's rounding to 64, per head);
-        a host sync (`longctx/host_sync.py`), S for every head on the meta device.
+        a host sync (`longctx/core/host_sync.py`), S for every head on the meta device.
 
         Beyond them the head's mask is exactly 0, so attending only these is exact (`span_trim="head"`).
         """
@@ -146,7 +146,7 @@ class DynamicSpan(nn.Module):
 
     def attended_length(self, z: Tensor) -> int:
         """Previous positions needed for the largest span in this block (rounded as in the code); a
-        host sync (`longctx/host_sync.py`), S on the meta device."""
+        host sync (`longctx/core/host_sync.py`), S on the meta device."""
         z_max = host_values(z.max())
         return self.S if z_max is None else attended_length(z_max, self.S, self.R)
 

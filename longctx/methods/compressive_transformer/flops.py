@@ -1,5 +1,5 @@
 """Forward FLOPs per scored token of the Compressive Transformer at evaluation (FLOPs = 2 × MACs,
-`longctx.flops`).
+`longctx.core.flops`).
 
 The attention is Transformer-XL's over P = n_m + n_cm memory slots (`transformer_xl/flops.py`). In
 the steady state each segment evicts n states per layer, so f_c runs on n states per segment, per
@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from longctx.flops import flops_from_macs
+from longctx.core.flops import flops_from_macs
 from longctx.methods.compressive_transformer.compression import CompressionKind
 from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs_per_token
 

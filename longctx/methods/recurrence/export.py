@@ -14,9 +14,9 @@ import gzip
 import shutil
 from pathlib import Path
 
-from longctx.atomic import atomic_path
-from longctx.errors import OneLineArgumentParser, reported_as_one_line
 from longctx.methods.recurrence.hf import lm_from_checkpoint, save_lm
+from longctx.runtime.atomic import atomic_path
+from longctx.runtime.errors import OneLineArgumentParser, reported_as_one_line
 
 __all__ = ["copy_tokenizer", "lm_from_checkpoint", "main", "save_lm"]
 

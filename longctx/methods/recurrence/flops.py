@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from longctx.flops import FLOPS_PER_MAC
+from longctx.core.flops import FLOPS_PER_MAC
 
 
 def kaplan_non_embedding_params(
@@ -36,7 +36,7 @@ def kaplan_non_embedding_params(
 
 def forward_flops_per_token(n_params: int, n_layers: int, n_ctx: int, d_attn: int) -> int:
     """C_forward = 2N + 2·n_layer·n_ctx·d_attn (Kaplan et al. 2020, Table 1): N + n_layer·n_ctx·d_attn
-    multiply-accumulates, 2 FLOPs each (`longctx.flops`)."""
+    multiply-accumulates, 2 FLOPs each (`longctx.core.flops`)."""
     return FLOPS_PER_MAC * (n_params + n_layers * n_ctx * d_attn)
 
 
@@ -56,7 +56,7 @@ def hf_model_flops_per_scored_token(
 
     `output_layer=False` is the paper's table (Kaplan's N leaves the LM head out); True adds the
     LM head's d·V multiply-accumulates per computed position, as the other methods' counts include
-    their output layer (`longctx.flops`), so head-to-head numbers compare like with like.
+    their output layer (`longctx.core.flops`), so head-to-head numbers compare like with like.
     """
     config = lm.config
     d_model = int(config.hidden_size)

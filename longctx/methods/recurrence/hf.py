@@ -37,7 +37,6 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask,
 from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
-from longctx.atomic import created_dirs, umask_mode
 from longctx.checkpoints.safe_unpickle import load_tensors_file
 from longctx.methods.recurrence.network import (
     RECURRENCE_EAGER,
@@ -45,6 +44,7 @@ from longctx.methods.recurrence.network import (
     RECURRENCE_SDPA,
     with_slot,
 )
+from longctx.runtime.atomic import created_dirs, umask_mode
 
 HF_CONFIG_KEY = "hf_config"  # where `RecurrentGPT2LM.on_save_checkpoint` stores the LM's config
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from longctx.atomic import write_json_atomic, write_text_atomic
 from longctx.core.base import LMBase
-from longctx.run_layout import SUMMARY
+from longctx.runtime.atomic import write_json_atomic, write_text_atomic
+from longctx.runtime.run_layout import SUMMARY
 
 ROWS_KEY = "overlaps"
 SOURCE_KEY = "overlaps_of"

@@ -26,8 +26,8 @@ from matplotlib.figure import Figure
 from longctx.callbacks.run_record import keep_artifact
 from longctx.callbacks.token_nll import set_token_nll_name
 from longctx.data.datamodule import LMDataModule
-from longctx.errors import BadInput
 from longctx.methods.recurrence.overlap_record import evaluated, finished_overlaps, save_overlaps
+from longctx.runtime.errors import BadInput
 
 
 def evaluate_overlaps(

@@ -1,5 +1,5 @@
 """Forward FLOPs per scored token of the Recurrent Memory Transformer on a GPT-2, in the count the
-recurrent GPT-2 of the same backbone uses (Kaplan et al. 2020, Table 1; `longctx.flops`: 2 × MACs).
+recurrent GPT-2 of the same backbone uses (Kaplan et al. 2020, Table 1; `longctx.core.flops`: 2 × MACs).
 
 A segment of T tokens runs the backbone over T + 2m positions (m read, T segment, m write tokens).
 Per position Kaplan's forward count is 2N + 2·n_layer·n_ctx·d, with N = 2·d·n_layer·(2·d + d_ff)
@@ -15,7 +15,7 @@ numbers compare like with like. Biases, LayerNorms, softmax and the embedding lo
 
 from __future__ import annotations
 
-from longctx.flops import flops_from_macs
+from longctx.core.flops import flops_from_macs
 
 
 def flops_per_token(

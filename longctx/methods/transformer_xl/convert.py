@@ -168,7 +168,7 @@ def configured(init_args: dict[str, Any]) -> dict[str, Any]:
 
 def architecture(fmt: str, source: Path) -> dict[str, Any]:
     """The checkpoint's sizes under the config's names (model.init_args), read before any model is
-    built, so every difference from the config is reported at once (`longctx.checkpoints.convert`)."""
+    built, so every difference from the config is reported at once (`longctx.commands.convert`)."""
     if fmt == "transfo-xl-hf":
         return hf_architecture(read_hf_config(source))
     return kimiyoung_architecture(read_kimiyoung(source))

@@ -29,7 +29,7 @@ cluster width d_i) is counted. Both counts need the share of tokens in each clus
 every cluster for every token (the full log-probability `log_prob`: an upper bound). The argmax over
 the full log-probability that recall accuracy asks for (a diagnostic) is not counted. The count per
 *scored* token divides by the targets scored per segment (n − 1 under the TRAMS protocol).
-FLOPs = 2 × MACs (`longctx.flops`).
+FLOPs = 2 × MACs (`longctx.core.flops`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from longctx.flops import flops_from_macs
+from longctx.core.flops import flops_from_macs
 
 if TYPE_CHECKING:
     from longctx.methods.transformer_xl.memory import MemoryLengths

@@ -1,4 +1,4 @@
-"""Forward FLOPs per token of `WindowTransformer`, in `longctx.flops`'s convention (2 × MACs).
+"""Forward FLOPs per token of `WindowTransformer`, in `longctx.core.flops`'s convention (2 × MACs).
 
 Multiply-accumulates per token and per layer, counting every matrix product:
 
@@ -14,7 +14,7 @@ Every token of a window is scored, so this is also the cost per scored token.
 
 from __future__ import annotations
 
-from longctx.flops import flops_from_macs
+from longctx.core.flops import flops_from_macs
 
 
 def flops_per_token(d_model: int, n_layers: int, d_inner: int, vocab_size: int, window: int) -> float:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from longctx.run_layout import LOCK
+from longctx.runtime.run_layout import LOCK
 
 # Lightning's own rule for a process's global rank (lightning.fabric.utilities.rank_zero._get_rank).
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")

@@ -1,9 +1,11 @@
-"""The one table of `longctx` commands, read by `python -m longctx` and the installed `longctx` script.
+"""The commands of longctx (this package: one module per command, and the CLI's parse errors) and
+their one table, read by `python -m longctx` and the installed `longctx` script. No library folder of
+longctx imports this package; the commands import the library.
 
-    longctx fit|validate|test|evaluate_overlaps --config C ...   LightningCLI (`longctx.cli`)
-    longctx convert --from FORMAT SOURCE DEST --config C         `longctx.checkpoints.convert`
-    longctx report RUN_DIR...                                    `longctx.report`
-    longctx context --config C --ckpt_path P ...                 `longctx.context`
+    longctx fit|validate|test|evaluate_overlaps --config C ...   LightningCLI (`longctx.commands.cli`)
+    longctx convert --from FORMAT SOURCE DEST --config C         `longctx.commands.convert`
+    longctx report RUN_DIR...                                    `longctx.commands.report`
+    longctx context --config C --ckpt_path P ...                 `longctx.commands.context`
 
 Both entry points call `main`, so they accept the same commands. Targets are import paths, loaded only
 when their command runs: `longctx report` does not import Lightning, and this table imports no method.
@@ -20,9 +22,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from longctx.methods import registry
-from longctx.process_exit import run_and_exit_cleanly
+from longctx.runtime.process_exit import run_and_exit_cleanly
 
-LIGHTNING_CLI = "longctx.cli:main"
+LIGHTNING_CLI = "longctx.commands.cli:main"
 
 
 class Command(NamedTuple):
@@ -34,7 +36,7 @@ class Command(NamedTuple):
 
 
 # LightningCLI subcommands the methods add (their registry entries): name -> "module:function(trainer,
-# model, datamodule, ckpt_path, ...)", run by the trainer method of that name (`longctx.cli.LongCtxTrainer`).
+# model, datamodule, ckpt_path, ...)", run by the trainer method of that name (`cli.LongCtxTrainer`).
 TRAINER_COMMANDS: dict[str, str] = {name: c.target for name, c in registry.trainer_commands().items()}
 
 COMMANDS: dict[str, Command] = {
@@ -42,9 +44,11 @@ COMMANDS: dict[str, Command] = {
     "validate": Command(LIGHTNING_CLI, "evaluate a checkpoint on the validation split (--ckpt_path P)"),
     "test": Command(LIGHTNING_CLI, "evaluate a checkpoint on the test split (--ckpt_path P)"),
     **{name: Command(LIGHTNING_CLI, c.summary) for name, c in registry.trainer_commands().items()},
-    "convert": Command("longctx.checkpoints.convert:main", "the authors' released checkpoints as ours"),
-    "report": Command("longctx.report:main", "table and figures from finished run directories"),
-    "context": Command("longctx.context:main", "checkpoints under a sweep of the context they may use"),
+    "convert": Command("longctx.commands.convert:main", "the authors' released checkpoints as ours"),
+    "report": Command("longctx.commands.report:main", "table and figures from finished run directories"),
+    "context": Command(
+        "longctx.commands.context:main", "checkpoints under a sweep of the context they may use"
+    ),
 }
 
 
@@ -68,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of `python -m longctx` and of the `longctx` script: run the command `argv` names.
 
     It returns None, which the script passes to `sys.exit` (a command's return value there would be
-    printed and make the status 1). A process that trained with others ends in `longctx.process_exit`,
+    printed and make the status 1). A process that trained with others ends in `longctx.runtime.process_exit`,
     so that a finished DDP rank never aborts while the interpreter finalizes."""
     run_and_exit_cleanly(lambda: run(argv))
 

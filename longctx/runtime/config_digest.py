@@ -5,7 +5,7 @@ contents, the files they build on (`config: base/...yaml`, a class config or a l
 named by path) merged in, the flags over them, every default filled. Editing any of those files
 changes the run without changing its command line. `summary.json` records this digest of each
 subcommand run in a folder (`config_digests`, beside `commands`), and the sweep runner compares it
-with the digest of the same line parsed now (`longctx.sweep`): a line counts as finished only if
+with the digest of the same line parsed now (`longctx.commands.sweep`): a line counts as finished only if
 both match.
 """
 

@@ -1,8 +1,8 @@
 """One line for every user error: `error: <the problem and the fix>` on stderr, exit status 1.
 
-Every entry point (`python -m longctx ...`, `longctx.sweep`, `longctx.data`, `longctx.checkpoints.convert`,
-`longctx.methods.recurrence.export`) reports bad input this way: no usage dump (only `--help` prints
-the usage) and no traceback. `LONGCTX_DEBUG=1` in the environment keeps the traceback (and
+Every entry point (`python -m longctx ...`, `python -m longctx.sweep`, `python -m longctx.data`,
+`python -m longctx.methods.recurrence.export`) reports bad input this way: no usage dump (only
+`--help` prints the usage) and no traceback. `LONGCTX_DEBUG=1` in the environment keeps the traceback (and
 jsonargparse's full message) for the cases where the line is not enough.
 """
 
@@ -35,6 +35,11 @@ def one_line(message: object) -> str:
 class BadInput(ValueError):
     """A setting, file or command line the user gave that cannot work, found after parsing (e.g. by a
     data stream or an evaluation command); every entry point prints it as its one line."""
+
+
+class ParseError(ValueError):
+    """A command line or config the parser refuses (the message is one line): raised by the CLI's
+    parser (`longctx.commands.parse_errors`) and by a class it builds from a config."""
 
 
 class NotText(BadInput):

@@ -5,7 +5,7 @@ On top of LightningCLI it:
 - gives every run its own directory `<trainer.default_root_dir>/<run_name>` (checkpoints, saved
   config, W&B files), where the run name is stable across SLURM requeues of the same array task;
   a `fit` into a folder that holds a run is refused unless it continues that run (`--ckpt_path
-  last`, a SLURM requeue) or `--overwrite_run true` moves the old run aside (`longctx.run_folder`);
+  last`, a SLURM requeue) or `--overwrite_run true` moves the old run aside (`longctx.runtime.run_folder`);
   a command refused before its work starts leaves no folder and no file behind;
 - makes W&B safe to use anywhere: offline when no credentials and no `WANDB_MODE` are present (never
   an interactive login prompt), the W&B run id derived from the run name (so a requeued job resumes
@@ -16,7 +16,7 @@ On top of LightningCLI it:
 - builds the model from the config and the flags alone, also with `--ckpt_path` (LightningCLI 2.6
   would re-parse it from the checkpoint's saved hyperparameters, dropping evaluation settings such
   as TRAMS's), and refuses, in one line, a checkpoint whose weights do not fit that model;
-- reports bad input in one line (`error: ...`, exit status 1; `longctx.errors`): config and flag
+- reports bad input in one line (`error: ...`, exit status 1; `longctx.runtime.errors`): config and flag
   typos, wrong types and class paths (the line of jsonargparse's message that names the problem, not
   the usage), YAML syntax errors (with the file and line), a model's or data module's `__init__`
   rejecting its settings, missing corpus files, a missing, truncated, unsafe or unfitting
@@ -60,7 +60,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from longctx.atomic import unwritable_ancestor
 from longctx.callbacks import (
     CheckpointOnSigterm,
     DivergenceError,
@@ -76,17 +75,18 @@ from longctx.callbacks.token_nll import TokenNLLWriter
 from longctx.checkpoints.fit_check import check_checkpoint_fits
 from longctx.checkpoints.saving import RUN_FILE_FIX, DiskFullError, use_atomic_checkpoints, write_whole
 from longctx.commands import TRAINER_COMMANDS, load
-from longctx.config_digest import config_digest
+from longctx.commands.parse_errors import OneLineParser
 from longctx.core.base import LMBase
 from longctx.core.data_facts import DataMismatch
 from longctx.core.knob_groups import group_types
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
-from longctx.errors import BadInput, debug_enabled, exit_with_error
-from longctx.parse_errors import OneLineParser, ParseError
-from longctx.run_folder import held_run, move_aside, undone_if_refused
-from longctx.run_layout import CONFIG, WANDB, checkpoint_dir, run_directory
-from longctx.run_lock import RunDirectoryBusy, holds_run_locks, lock_if_launching
+from longctx.runtime.atomic import unwritable_ancestor
+from longctx.runtime.config_digest import config_digest
+from longctx.runtime.errors import BadInput, ParseError, debug_enabled, exit_with_error
+from longctx.runtime.run_folder import held_run, move_aside, undone_if_refused
+from longctx.runtime.run_layout import CONFIG, WANDB, checkpoint_dir, run_directory
+from longctx.runtime.run_lock import RunDirectoryBusy, holds_run_locks, lock_if_launching
 
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
 # `--ckpt_path` values Lightning resolves itself; anything else is a file.
@@ -371,7 +371,7 @@ class LongCtxCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
         # What the command resolves to, before the CLI fills in the run directory, the precision that
-        # ran or a drawn seed: recorded in summary.json for the sweep runner (longctx.config_digest).
+        # ran or a drawn seed: recorded in summary.json for the sweep runner (longctx.runtime.config_digest).
         self.config_digest = config_digest(parser, self.config)
 
     def _add_token_nll_writer(self, subcommand: str) -> None:

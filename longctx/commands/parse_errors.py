@@ -2,7 +2,7 @@
 
 LightningCLI's parser (jsonargparse) answers a config typo with the whole usage (~75 lines) and a
 nested message whose last line is a dump of the given value. `OneLineParser.error` raises
-`ParseError` with `parse_error_line(message)` instead (`longctx.cli.main` prints it as `error: ...`;
+`ParseError` with `parse_error_line(message)` instead (`longctx.commands.cli.main` prints it as `error: ...`;
 `python -m longctx.sweep check` prints the same line), and `load_yaml_naming_the_file` makes a YAML
 syntax error name its file and line.
 """
@@ -23,12 +23,7 @@ from jsonargparse import get_loader, set_loader
 from lightning.pytorch.cli import LightningArgumentParser
 
 from longctx.core.knob_groups import group_types
-from longctx.errors import debug_enabled, one_line
-
-
-class ParseError(ValueError):
-    """A command line or config the parser refuses (the message is one line)."""
-
+from longctx.runtime.errors import ParseError, debug_enabled, one_line
 
 _YAML_LOAD = get_loader("yaml")
 

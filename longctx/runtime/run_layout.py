@@ -2,11 +2,11 @@
 
     <root>/<run_name>/          the run directory (`run_directory`; root `runs` unless
                                 `trainer.default_root_dir` names another); the trainer's `default_root_dir`
-        .lock                   held by the one command that runs there (`longctx.run_lock`)
+        .lock                   held by the one command that runs there (`longctx.runtime.run_lock`)
         config.yaml             the resolved configuration of the last subcommand (LightningCLI)
         summary.json            how each subcommand ended, its command line and metrics (`RunRecord`),
                                 and every file in the folder with the command that wrote it
-                                (`longctx.run_folder`)
+                                (`longctx.runtime.run_folder`)
         metrics.jsonl           one line per validation during `fit` (`RunRecord`)
         token_nll.npz           every scored target's NLL, with `--write_token_nll true` (`TokenNLLWriter`)
         checkpoints/            the ModelCheckpoint callbacks' folder (`checkpoint_dir`)

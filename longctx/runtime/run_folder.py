@@ -1,6 +1,6 @@
 """One run per run folder, and a record of which command wrote each file in it (no Lightning, no torch).
 
-A run folder (`runs/<run_name>/`, see `longctx.run_layout`) holds one run: one `fit`, continued as
+A run folder (`runs/<run_name>/`, see `longctx.runtime.run_layout`) holds one run: one `fit`, continued as
 often as it is resumed (`--ckpt_path last`, a SLURM requeue), and the evaluations of its checkpoints
 (`validate`, `test`, `evaluate_overlaps`, `context`). What the CLI, the sweep runner and `context`
 know about a folder is here:
@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from longctx.atomic import write_json_atomic
-from longctx.errors import SIGINT_EXIT_CODE, one_line
-from longctx.run_layout import LOCK, METRICS, SUMMARY, WANDB, old_run_directory
-from longctx.run_lock import lock_if_launching
+from longctx.runtime.atomic import write_json_atomic
+from longctx.runtime.errors import SIGINT_EXIT_CODE, one_line
+from longctx.runtime.run_layout import LOCK, METRICS, SUMMARY, WANDB, old_run_directory
+from longctx.runtime.run_lock import lock_if_launching
 
 ARTIFACTS = "artifacts"  # summary.json's ledger: relative path -> {subcommand, command, time}
 CHECKPOINT_SUFFIX = ".ckpt"
@@ -74,7 +74,7 @@ def _newest(path: Path) -> int | None:
 
 
 def _is_temporary(name: str) -> bool:
-    """A file being written beside its final name (`longctx.atomic`)."""
+    """A file being written beside its final name (`longctx.runtime.atomic`)."""
     return name.startswith(".") and name.endswith(".tmp")
 
 
