@@ -222,6 +222,7 @@ GPT2 = "longctx.methods.recurrence.module.RecurrentGPT2LM"
 SPAN = "longctx.methods.adaptive_span.module.AdaptiveSpanLM"
 WINDOW = "longctx.methods.window_transformer.module.WindowTransformerLM"
 CT = "longctx.methods.compressive_transformer.module.CompressiveTransformerLM"
+RMT = "longctx.methods.recurrent_memory.module.RecurrentMemoryLM"
 CT_ARGS = {"mem_len": 32, "cmem_len": 16, "compression": "conv", "compression_rate": 2,
            "eval_mem_len": None, "eval_cmem_len": None}  # fmt: skip
 XL_ARGS = {"mem_len": 32, "eval_mem_len": 64, "protocol": "xl", "trams_attended": None, "trams_pool": None,
@@ -241,6 +242,8 @@ VARIANT_CONFIGS = {
     "window": (WINDOW, {}, {**DATA, "eval_tgt_len": 128}),
     "compressive": (CT, CT_ARGS, DATA),
     "compressive_longer": (CT, {**CT_ARGS, "eval_cmem_len": 64, "compression_rate": 3}, DATA),
+    "rmt": (RMT, {"num_mem_tokens": 16, "eval_memory": "carried"}, DATA),
+    "rmt_reset": (RMT, {"num_mem_tokens": 16, "eval_memory": "reset"}, {**DATA, "eval_tgt_len": 128}),
 }
 EXPECTED_VARIANTS = {
     "xl": "XL memory 64 (trained with 32), protocol xl",
@@ -256,6 +259,8 @@ EXPECTED_VARIANTS = {
     "window": "no memory, window 128",
     "compressive": "memory 32 + compressed 16 (conv, c=2), reaches 64",
     "compressive_longer": "memory 32 + compressed 64 (conv, c=3), reaches 224 (trained with 32 + 16)",
+    "rmt": "m=16 memory tokens, window 64",
+    "rmt_reset": "m=16 memory tokens, reset every window, window 128",
 }
 
 

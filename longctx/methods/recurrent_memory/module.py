@@ -21,6 +21,7 @@ The paper's symbols and where each lives in this folder: the package docstring (
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -29,6 +30,7 @@ from torch import Tensor, nn
 
 from longctx.checkpoints.safe_unpickle import load_tensors_file
 from longctx.core.base import LMBase, StepOutput
+from longctx.core.run_settings import eval_window
 from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.recurrence.hf import (
     HF_CONFIG_KEY,
@@ -150,6 +152,15 @@ class RecurrentMemoryLM(LMBase):
             need_correct=self.wants_correct,
         )
         return StepOutput(nll=out.nll, memory=MemoryTokens(out.state), correct=out.correct)
+
+    @classmethod
+    def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
+        """m memory tokens, carried over the stream or reset every window at evaluation, and the
+        evaluation's window."""
+        kind = f"m={model.get('num_mem_tokens')} memory tokens"
+        if model.get("eval_memory") == "reset":
+            kind += ", reset every window"
+        return f"{kind}, window {eval_window(data)}"
 
     def state_size(self) -> int:
         """m·d: the m memory tokens of width d carried from segment to segment, read at the input as
