@@ -183,7 +183,7 @@ def _group_fields(class_path: str, group: str) -> list[str]:
 
 def _unknown_option_fix(option: str, class_path: str, key: str) -> str:
     """The fix for an init argument `class_path` does not take: where it lives now if the module
-    takes it in a knob group (issue 21: `n_layers` → `model.init_args.network.n_layers`), else the
+    takes it in a knob group (`n_layers` → `model.init_args.network.n_layers`), else the
     close names, a group's field named by its path (`network.d_model`)."""
     homes = _group_homes(class_path)
     if option in homes:

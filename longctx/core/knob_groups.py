@@ -1,4 +1,4 @@
-"""Constructor knobs in groups: frozen dataclasses, one source per knob (issue 21).
+"""Constructor knobs in groups: frozen dataclasses, one source per knob.
 
 A network declares its knobs once, as a frozen dataclass (`TransformerXL.Config`, with
 `.build(vocab_size)`); a module takes it, and its other groups (the evaluation memory, TRAMS's

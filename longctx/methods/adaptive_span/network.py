@@ -51,7 +51,7 @@ class FeedForward(nn.Module):
 
 @dataclass(frozen=True)
 class SpanTransformerConfig:
-    """The span network's knobs, their one source (`SpanTransformer.Config`; issue 21).
+    """The span network's knobs, their one source (`SpanTransformer.Config`).
 
     d_model, n_layers, n_heads, d_inner: sizes (paper small: 512, 12, 8, 2048; large: 768, 24, 8, 4096).
     attn_span: S, the maximum span (paper: 8192).

@@ -10,7 +10,7 @@ before the groups; None = the training value), so a checkpoint can be evaluated 
 memories. At evaluation both memories carry their keys and values (`evaluation.cache_kv`, default
 on, as Transformer-XL's): each slot is projected once, when it enters its memory.
 
-Knobs (issue 21): the network's, Transformer-XL's and f_c's, are one `CompressiveTransformer.Config`
+Knobs: the network's, Transformer-XL's and f_c's, are one `CompressiveTransformer.Config`
 (`model.init_args.network.*`); the memory lengths, the loss weight, f_c's learning rate and the logging
 switch stay this module's own. Every earlier keyword (`n_layers=`, `compression_rate=`,
 `eval_cmem_len=`) is still accepted and folds into its group (`LMBase.fold_knobs`).
@@ -145,7 +145,8 @@ class CompressiveTransformerLM(LMBase):
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention
 
-    # The flat attribute names of before (read and set; one stored value: the two CompressiveLengths).
+    # The flat attribute names of checkpoints without knob groups (read and set; one stored value:
+    # the two CompressiveLengths).
     mem_len, cmem_len, clamp_len, same_length = length_attributes(
         "train_lengths", "mem_len", "cmem_len", "clamp_len", "same_length"
     )

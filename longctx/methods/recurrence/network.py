@@ -243,7 +243,7 @@ class RecurrenceFFN(nn.Module):
 # ---------------------------------------------------------------------------------------- windows
 @dataclass(frozen=True)
 class WindowRecurrenceConfig:
-    """The recurrence's knobs, their one source (`WindowRecurrence.Config`; issue 21). The LM it runs
+    """The recurrence's knobs, their one source (`WindowRecurrence.Config`). The LM it runs
     around (its d_model and n_layers) is described apart, so `build` takes those.
 
     insert_layer: ℓ_ins, the 0-based block that reads h_prev (paper: 2; below the LM's n_layers).

@@ -149,7 +149,8 @@ class TransformerXLLM(LMBase):
         self.log_attention_mass = log_attention_mass
         self.tbptt_segments = tbptt_segments
 
-    # The flat attribute names of before (read and set; one stored value: the two MemoryLengths).
+    # The flat attribute names of checkpoints without knob groups (read and set; one stored value:
+    # the two MemoryLengths).
     mem_len, clamp_len, same_length = length_attributes(
         "train_lengths", "mem_len", "clamp_len", "same_length"
     )

@@ -42,7 +42,7 @@ from longctx.methods.transformer_xl.trams_pool import TramsSegment
 
 @dataclass(frozen=True)
 class TransformerXLConfig:
-    """Transformer-XL's network knobs, their one source (`TransformerXL.Config`; issue 21).
+    """Transformer-XL's network knobs, their one source (`TransformerXL.Config`).
 
     n_layers, d_model, n_heads, d_inner: sizes (wt103 base: 16, 410, 10, 2100; enwik8 base: 12, 512,
         8, 2048).

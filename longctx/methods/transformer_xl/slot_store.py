@@ -3,7 +3,7 @@
 Every segment, a layer's memory becomes the last `mem_len` slots of [memory, segment] (`memory.py`).
 Written as `torch.cat` then a slice, that copies the whole memory every segment, into freshly
 allocated tensors: for TRAMS's pool of M slots (keys, values, scores, hidden states), twice the
-attended memory m, those copies made TRAMS slower than Transformer-XL at m (issue 15). Here the
+attended memory m, those copies made TRAMS slower than Transformer-XL at m. Here the
 memory's tensors are views of larger buffers (a `SlotStore`, allocated once per evaluation stream)
 with room after the newest slot: [memory, segment] is formed by writing the segment's n slots after
 the memory's, in place, and viewing the P + n slots. When the room runs out, the memory's P slots are

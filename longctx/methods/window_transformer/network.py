@@ -67,7 +67,7 @@ class Block(nn.Module):
 
 @dataclass(frozen=True)
 class WindowTransformerConfig:
-    """The no-memory baseline's network knobs, their one source (`WindowTransformer.Config`; issue 21).
+    """The no-memory baseline's network knobs, their one source (`WindowTransformer.Config`).
 
     d_model, n_layers, n_heads, d_inner: sizes (d_model divisible by n_heads).
     max_len: number of learned positions, the longest window it can read (at least data.tgt_len and
