@@ -1,9 +1,10 @@
 """What every test may rely on, and nothing about this machine.
 
-- `shared_dir()`: the folder of real corpus pieces, GPT-2 BPE files and the authors' checkpoints,
-  `../shared` beside the repository (or `$LONGCTX_SHARED`). A stranger's clone has none: tests that
-  need it carry `skip_without_shared(...)` and skip, saying which path is missing. Point `LONGCTX_SHARED` at
-  an empty folder to check that the suite skips (never fails) without it.
+- `shared_dir()` (`tests/environment.py`): the folder of real corpus pieces, GPT-2 BPE files and the
+  authors' checkpoints, `../shared` beside the repository (or `$LONGCTX_SHARED`). A stranger's clone
+  has none: tests that need it carry `skip_without_shared(...)` and skip, saying which path is
+  missing. Point `LONGCTX_SHARED` at an empty folder to check that the suite skips (never fails)
+  without it. Test modules import these helpers from `tests/environment.py`, never this file.
 - W&B is off unless a test turns it on (no account, no network, no `wandb/` folders).
 - Token caches go to a temporary folder of each test (`$LONGCTX_CACHE`), never to the user's cache;
   the W&B folders a CLI run points into its run directory are unset again after each test.
@@ -19,27 +20,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.environment import cuda_missing
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # read when torch is imported, after this file
-
-
-def shared_dir() -> Path:
-    """`$LONGCTX_SHARED`, else `../shared` beside the repository; it may not exist."""
-    return Path(os.environ.get("LONGCTX_SHARED", REPO.parent / "shared")).expanduser().resolve()
-
-
-def skip_without_shared(*parts: str) -> pytest.MarkDecorator:
-    """Skip unless `shared_dir() / parts` exists (e.g. `skip_without_shared("data", "gpt2")`)."""
-    path = shared_dir().joinpath(*parts)
-    return pytest.mark.skipif(
-        not path.exists(), reason=f"{path} is not present (../shared, or set $LONGCTX_SHARED)"
-    )
 
 
 @pytest.fixture(autouse=True)
@@ -93,12 +80,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if gpu_items and (reason := cuda_missing()) is not None:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=reason))
-
-
-def cuda_missing() -> str | None:
-    """Why the GPU tier cannot run here (None: it can)."""
-    import torch  # only when GPU tests were collected
-
-    if not torch.cuda.is_available():
-        return "no CUDA device (torch.cuda.is_available() is False): the GPU tier needs one"
-    return None

@@ -21,7 +21,7 @@ import yaml
 from torch import nn
 
 from longctx.methods import registry
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 from tests.test_configs import resolve
 
 REPO = Path(__file__).resolve().parents[1]

@@ -31,7 +31,7 @@ from longctx.methods.adaptive_span.convert import (
 from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 from longctx.methods.transformer_xl.convert import read_hf_vocab
 from longctx.methods.transformer_xl.module import TransformerXLLM
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 
 FIXTURES = shared_dir() / "fixtures" / "authors_checkpoints"
 pytestmark = skip_without_shared("fixtures", "authors_checkpoints")

@@ -19,7 +19,7 @@ from longctx.commands.data import main as prepare_main
 from longctx.data import cache, corpora
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 from tests.lm_fixtures import CarryLM, cpu_trainer
 
 SHARED = shared_dir() / "data"

@@ -28,7 +28,7 @@ from longctx.data.cache import CorpusSpec, load_corpus, load_tokenizer, prepare_
 from longctx.data.corpora import Archive, Checksum, Member
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import ChecksumError, DataError, fetch
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 
 SHARED = shared_dir() / "data"
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from longctx.core.base import LMBase, detach_memory
 from longctx.methods.transformer_xl.trams import TramsSettings
-from tests.conftest import cuda_missing
+from tests.environment import cuda_missing
 from tests.lm_fixtures import cpu_trainer
 from tests.methods import TINY, VOCAB
 from tests.test_cli import quick_args

@@ -45,7 +45,7 @@ from longctx.methods.recurrence.network import (
     run_window,
     valid_positions,
 )
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 from tests.knob_checks import assert_same_weights, save_with_hparams
 from tests.lm_fixtures import NoTextFacts
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from longctx.methods.recurrence.export import copy_tokenizer, save_lm
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 from tests.test_convert import ADAPTIVE_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from longctx.commands.sweep import run_lines, task_arguments
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 from tests.fake_slurm import install_python, slurm_node_env
 
 REPO = Path(__file__).resolve().parents[1]

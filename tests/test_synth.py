@@ -17,7 +17,7 @@ from longctx.commands.data import main as data_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.synth import INITIAL_WORDS, WORDS, SynthSettings, generate, load_marks, marked_tokens
 from longctx.data.tokenize import gpt2_files, gpt2_tokenizer_from_files
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 
 SPLITS = ("train", "valid", "test")
 

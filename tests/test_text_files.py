@@ -17,7 +17,7 @@ from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.data.text_files import TextFileError
 from longctx.data.tokenize import encode_bpe, gpt2_files, gpt2_tokenizer_from_files
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 
 GPT2 = shared_dir() / "data" / "gpt2"
 TEXT = "Grüße aus Köln — naïve café, 東京 and ✓ emoji 🙂.\nSecond line: plain ASCII words here.\n" * 8

@@ -24,7 +24,7 @@ from longctx.data.tokenize import (
     text_chunks,
     unit_token_bytes,
 )
-from tests.conftest import shared_dir, skip_without_shared
+from tests.environment import shared_dir, skip_without_shared
 
 SHARED = shared_dir() / "data"
 needs_shared = skip_without_shared("data")
