@@ -65,6 +65,7 @@ from attention import synchronize  # this folder's
 from gpu_report import commit, device_name
 from mfu_shapes import BENCHES, MODES, Bench, Mode, Step, counting_module, forward_flops
 
+from longctx.callbacks.compile import compile_network
 from longctx.core.base import LMBase, detach_memory
 
 # Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by torch.cuda.get_device_name; first match wins.
@@ -296,7 +297,7 @@ def run_row(job: Job, step: Step, args: argparse.Namespace) -> dict:
     lm.train(job.mode == "train")
     if variant.compiled:
         torch._dynamo.reset()
-        getattr(lm, lm.network_attribute).compile()  # as CompileNetwork does
+        compile_network(getattr(lm, lm.network_attribute))  # as CompileNetwork does
     warmup = step.fill + 2 + (3 if variant.compiled else 0)
     profiled = PROFILE_STEPS if args.profile else 0
     batches = token_batches(step, scale.vocab, warmup + args.steps + profiled, device)

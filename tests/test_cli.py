@@ -183,7 +183,7 @@ def test_checkpoint_names_with_metric_slashes_are_refused(tmp_path):
                 "trainer": {
                     "callbacks": [
                         {
-                            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                            "class_path": "longctx.callbacks.RunCheckpoint",
                             "init_args": {
                                 "filename": "{val/bpc:.3f}",
                                 "monitor": "val/bpc",

@@ -142,7 +142,7 @@ def _cli_args(run_name: str, *extra: str) -> list[str]:
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--trainer.max_steps", "6", "--trainer.val_check_interval", "2",
         "--trainer.check_val_every_n_epoch", "null", "--trainer.limit_val_batches", "2",
-        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks+=longctx.callbacks.RunCheckpoint",
         "--trainer.callbacks.monitor", "val/loss", "--trainer.callbacks.save_last", "true",
         "--run_name", run_name,
         *extra,

@@ -1,4 +1,4 @@
-"""`longctx.callbacks.checkpoint.ModelCheckpoint`: `last.ckpt` is the newest model even when the
+"""`longctx.callbacks.RunCheckpoint`: `last.ckpt` is the newest model even when the
 monitored metric stops improving (Lightning 2.6 keeps it at the best step then)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from longctx.callbacks.checkpoint import ModelCheckpoint
+from longctx.callbacks import RunCheckpoint
 
 
 class Worsening(pl.LightningModule):
@@ -49,6 +49,6 @@ def fit(tmp_path, callback_class, max_steps: int) -> int:
 @pytest.mark.slow  # four short fits
 @pytest.mark.parametrize("max_steps", [6, 7])  # 7: the fit ends between two validations
 def test_last_checkpoint_is_the_newest_model_when_the_metric_worsens(tmp_path, max_steps):
-    assert fit(tmp_path / "longctx", ModelCheckpoint, max_steps) == max_steps
+    assert fit(tmp_path / "longctx", RunCheckpoint, max_steps) == max_steps
     # Lightning's own class keeps last.ckpt at the best (first) validation: what this one fixes.
     assert fit(tmp_path / "lightning", LightningModelCheckpoint, max_steps) == 2

@@ -140,6 +140,20 @@ def test_a_trainer_setting_lightning_refuses_is_one_line(capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("callback", ["ModelCheckpoint", "lightning.pytorch.callbacks.ModelCheckpoint"])
+def test_lightnings_model_checkpoint_with_save_last_is_refused(capsys, callback):
+    """Its last.ckpt falls behind once val/loss stops improving (`longctx.callbacks.checkpoint`)."""
+    args = ["fit", "--config", str(REPO / "configs" / "transformer_xl_tiny.yaml"), "--data.corpus", "sample"]
+    args += ["--data.split_sources", "null", "--trainer.logger", "false"]
+    args += [f"--trainer.callbacks+={callback}", "--trainer.callbacks.save_last", "true"]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    line = str(info.value.code)
+    assert line.startswith("error: trainer.callbacks: Lightning's ModelCheckpoint with save_last writes")
+    assert line.endswith("use longctx.callbacks.RunCheckpoint (the same arguments)")
+    assert "Traceback" not in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------- config files
 @pytest.fixture(scope="module")
 def parser():

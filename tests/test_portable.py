@@ -32,9 +32,9 @@ def bare_python_calls(source: str) -> list[int]:
 def test_no_absolute_paths_no_own_shared_lookup_no_bare_python(path):
     source = path.read_text()
     assert not re.search(r"""["'](/work|/home|/root|/Users)/""", source), "an absolute path"
-    if path.name != "conftest.py":
+    if path.name != "environment.py":
         own_lookup = re.search(r"""(\.parent|\.parents\[\d+\])\s*/\s*["']shared["']""", source)
-        assert not own_lookup, "locate ../shared with conftest.shared_dir()"
+        assert not own_lookup, "locate ../shared with tests.environment.shared_dir()"
     assert bare_python_calls(source) == [], "start subprocesses with sys.executable"
 
 

@@ -27,7 +27,7 @@ def tiny_fit_args(tmp_path: Path, *extra: str) -> list[str]:
         "--trainer.accelerator", "cpu", "--trainer.logger", "false",
         "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
         "--trainer.limit_val_batches", "2", "--trainer.check_val_every_n_epoch", "null",
-        "--trainer.callbacks+=ModelCheckpoint",
+        "--trainer.callbacks+=longctx.callbacks.RunCheckpoint",
         "--trainer.callbacks.monitor", "val/loss", "--trainer.callbacks.save_last", "true",
         "--run_name", "tiny",
         *extra,

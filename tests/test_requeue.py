@@ -104,7 +104,7 @@ def test_a_requeue_after_sigterm_resumes_the_newest_checkpoint_and_keeps_last_ck
     scontrol = tmp_path / "bin" / "scontrol"
     scontrol.write_text("#!/usr/bin/env bash\n")
     scontrol.chmod(0o755)
-    save_last = ("--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_last=true")
+    save_last = ("--trainer.callbacks+=RunCheckpoint", "--trainer.callbacks.save_last=true")
     signals = (
         "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep", "--trainer.callbacks.step=10",
         "--trainer.callbacks+=tests.lm_fixtures.SignalAfterStep", "--trainer.callbacks.step=12",

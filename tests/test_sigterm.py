@@ -32,7 +32,7 @@ def _fit(tmp_path: Path, run_name: str, *extra: str) -> tuple[subprocess.Complet
         "--trainer.max_steps", "12", "--trainer.limit_val_batches", "0",
         "--trainer.logger", "false", "--trainer.accelerator", "cpu",
         "--progress.every_n_steps", "2",
-        "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_last", "true",
+        "--trainer.callbacks+=RunCheckpoint", "--trainer.callbacks.save_last", "true",
         "--run_name", run_name,
         *extra,
     ]  # fmt: skip

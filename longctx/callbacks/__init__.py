@@ -1,6 +1,8 @@
 """Lightning callbacks of longctx.
 
 - `CompileNetwork`: `torch.compile` of a method's network (opt in: `trainer.callbacks`).
+- `RunCheckpoint`: Lightning's `ModelCheckpoint` with a `last.ckpt` that is always the newest model
+  (the callback configs' checkpointing; the CLI refuses Lightning's own with `save_last`).
 - `ProgressLog`: plain progress lines in log files and a closing summary (registered by the CLI:
   the `progress:` config section).
 - `StopOnDivergence`: a NaN, infinite or out-of-bound loss stops `fit` with `DivergenceError`
@@ -18,6 +20,7 @@
 """
 
 from longctx.callbacks.accuracy_stop import StopAtAccuracy
+from longctx.callbacks.checkpoint import RunCheckpoint
 from longctx.callbacks.compile import CompileNetwork
 from longctx.callbacks.divergence import DivergenceError, StopOnDivergence
 from longctx.callbacks.progress import ProgressLog
@@ -30,6 +33,7 @@ __all__ = [
     "CompileNetwork",
     "DivergenceError",
     "ProgressLog",
+    "RunCheckpoint",
     "RunRecord",
     "StopAtAccuracy",
     "StopOnDivergence",

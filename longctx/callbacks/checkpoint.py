@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
 
-class ModelCheckpoint(LightningModelCheckpoint):
+class RunCheckpoint(LightningModelCheckpoint):
     """`lightning.pytorch.callbacks.ModelCheckpoint` with `last.ckpt` written at every validation
     and at the end of `fit` (see the module doc); every argument is Lightning's."""
 

@@ -14,6 +14,18 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import torch
+import torch._functorch.config
+
+
+def compile_network(network: torch.nn.Module, **options) -> None:
+    """`network.compile(**options)` in place (parameters and state-dict keys stay the plain
+    network's), with AOTAutograd regenerating the graph's aliased outputs by `as_strided` rather than
+    by replaying their views. torch 2.13's view replay intermittently reads garbage sizes (`shape
+    '[94691487277021, 9217851614632076422, 512]' is invalid for input of size 32768`, Transformer-XL
+    training on CPU inductor, about one run in two of `benchmarks/compile.py`'s tiny line): a crash,
+    or a wrong tensor where the garbage happens to fit."""
+    torch._functorch.config.view_replay_for_aliased_outputs = False
+    network.compile(**options)
 
 
 class CompileNetwork(pl.Callback):
@@ -45,5 +57,4 @@ class CompileNetwork(pl.Callback):
             )
         if getattr(network, "_compiled_call_impl", None) is not None:
             return  # already compiled (a second fit/validate on the same module)
-        # `Module.compile` compiles in place: parameters and state-dict keys stay the plain network's.
-        network.compile(mode=self.mode, dynamic=self.dynamic, fullgraph=self.fullgraph)
+        compile_network(network, mode=self.mode, dynamic=self.dynamic, fullgraph=self.fullgraph)

@@ -492,7 +492,9 @@ class LongCtxCLI(LightningCLI):
                 if group := os.environ.get("LONGCTX_WANDB_GROUP") or os.environ.get("SLURM_ARRAY_JOB_ID"):
                     init.group = init.get("group") or group
         for callback in _callback_configs(config.trainer.callbacks):
-            if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
+            check_last_checkpoint(callback)
+            saves_checkpoints = callback.class_path.endswith(("ModelCheckpoint", "RunCheckpoint"))
+            if saves_checkpoints and not callback.init_args.get("dirpath"):
                 callback.init_args.dirpath = str(checkpoint_dir(run_dir))
 
     def before_fit(self) -> None:
@@ -596,6 +598,26 @@ def _logger_configs(logger: Any) -> list[Namespace]:
 
 def _callback_configs(callbacks: Any) -> list[Namespace]:
     return [item for item in callbacks or [] if isinstance(item, Namespace)]
+
+
+LIGHTNING_MODEL_CHECKPOINTS = {
+    "lightning.pytorch.callbacks.ModelCheckpoint",
+    "lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint",
+    "pytorch_lightning.callbacks.ModelCheckpoint",
+    "pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint",
+}
+
+
+def check_last_checkpoint(callback: Namespace) -> None:
+    """Lightning's own `ModelCheckpoint` with `save_last` is refused: its `last.ckpt` falls behind
+    the run once the monitored metric stops improving, and `--ckpt_path last` or a test of it would
+    silently use an older model (`longctx.callbacks.checkpoint`)."""
+    if callback.class_path in LIGHTNING_MODEL_CHECKPOINTS and callback.init_args.get("save_last"):
+        raise ConfigError(
+            "trainer.callbacks: Lightning's ModelCheckpoint with save_last writes last.ckpt only when it "
+            "saves a top-k checkpoint, so last.ckpt falls behind once the monitored metric stops "
+            "improving; use longctx.callbacks.RunCheckpoint (the same arguments)"
+        )
 
 
 # Trainer counts Lightning divides by, and what each one counts.
