@@ -19,7 +19,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
@@ -32,6 +31,7 @@ from longctx.methods.adaptive_span.figures import SpanFigure
 from longctx.methods.adaptive_span.mask import reported_span
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer, SpanTransformerOutput
+from longctx.methods.softmax_nll import full_softmax_nll
 from longctx.optim.adagrad import ClippedAdagrad
 
 # The span cap as a context axis (`longctx.diagnostics.axes`): the farthest distance any head attends.
@@ -114,7 +114,7 @@ class AdaptiveSpanLM(LMBase):
     def step(self, batch: dict[str, Tensor], memory: SpanCache) -> StepOutput:
         x = batch["input"]
         out = self.net(x, memory, span_cap=None if self.training else self.eval_span_cap)
-        nll = F.cross_entropy(out.logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, M)
+        nll = full_softmax_nll(out.logits, batch["target"])  # (B, M)
         correct = target_is_argmax(out.logits, batch["target"]) if self.wants_correct else None
         extra_loss = None
         logs: dict[str, Tensor | float] = {}

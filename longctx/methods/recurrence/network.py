@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -50,6 +49,7 @@ from longctx.core.knob_groups import network_config
 from longctx.core.recall import target_is_argmax
 from longctx.methods.bptt import unroll
 from longctx.methods.recurrence.chunked_loss import linear_cross_entropy
+from longctx.methods.softmax_nll import full_softmax_nll
 
 RECURRENCE_SDPA = "recurrence_sdpa"
 RECURRENCE_EAGER = "recurrence_eager"
@@ -392,7 +392,7 @@ def token_nll(lm: nn.Module, hidden: Tensor, target: Tensor, loss_chunk: int = 0
     (`chunked_loss.py`: the same numbers without the logits of the whole window in memory)."""
     head = lm.get_output_embeddings()
     if not loss_chunk:
-        return F.cross_entropy(head(hidden).float().transpose(1, 2), target, reduction="none")
+        return full_softmax_nll(head(hidden), target)
     if not isinstance(head, nn.Linear) or head.bias is not None:
         raise NotImplementedError(
             f"loss_chunk needs a bias-free linear LM head (GPT-2's), got {type(head).__name__}; "

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longctx.core.data_facts import DataMismatch
@@ -50,6 +49,7 @@ from longctx.core.knob_groups import network_config
 from longctx.core.recall import target_is_argmax
 from longctx.methods.bptt import unroll
 from longctx.methods.recurrent_memory.memory import read_memory
+from longctx.methods.softmax_nll import full_softmax_nll
 
 
 @dataclass(frozen=True)
@@ -167,5 +167,5 @@ def segment_scores(
     (logits (B, T, V), only for the segment's positions) and, if `need_correct`, whether each target
     is the argmax of those logits' log-probabilities (B, T) (else None)."""
     logits = lm.get_output_embeddings()(hidden)
-    nll = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
+    nll = full_softmax_nll(logits, target)
     return nll, target_is_argmax(logits, target) if need_correct else None

@@ -21,10 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def _atleast_float32(x: Tensor) -> Tensor:
-    """Softmax statistics in float32 at least (bf16/fp16 logits under autocast), float64 kept."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+from longctx.methods.softmax_nll import at_least_float32
 
 
 def cutoffs_within(n_token: int, cutoffs: Sequence[int] | None) -> list[int]:
@@ -187,14 +184,14 @@ class ProjectedAdaptiveLogSoftmax(ClusterRows):
 
     def _head_logprob(self, hidden: Tensor) -> Tensor:
         logits = self._logits(hidden, *self._cluster_params(0))
-        return F.log_softmax(_atleast_float32(logits), dim=-1)  # (N, shortlist + n_clusters)
+        return F.log_softmax(at_least_float32(logits), dim=-1)  # (N, shortlist + n_clusters)
 
     def log_prob(self, hidden: Tensor) -> Tensor:
         """Full log-distribution (N, n_token) (for tests and small vocabularies)."""
         head = self._head_logprob(hidden)
         out = [head[:, : self.shortlist_size]]
         for i in range(1, self.n_clusters + 1):
-            tail = F.log_softmax(_atleast_float32(self._logits(hidden, *self._cluster_params(i))), dim=-1)
+            tail = F.log_softmax(at_least_float32(self._logits(hidden, *self._cluster_params(i))), dim=-1)
             out.append(head[:, -i, None] + tail)
         return torch.cat(out, dim=-1)
 
@@ -213,7 +210,7 @@ class ProjectedAdaptiveLogSoftmax(ClusterRows):
         """NLL (nats) of target (N,) given hidden (N, d_proj), in the order of the input: (N,)."""
         if self.n_clusters == 0:
             logits = self._logits(hidden, *self._cluster_params(0))
-            return F.cross_entropy(_atleast_float32(logits), target, reduction="none")
+            return F.cross_entropy(at_least_float32(logits), target, reduction="none")
         head = self._head_logprob(hidden)
         nll = torch.zeros(target.shape[0], dtype=head.dtype, device=head.device)
         self._tokens += target.shape[0]
@@ -230,6 +227,6 @@ class ProjectedAdaptiveLogSoftmax(ClusterRows):
                 logp = head[idx].gather(1, t).squeeze(1)
             else:
                 tail = self._logits(hidden[idx], *self._cluster_params(i))
-                logp = head[idx, -i] + F.log_softmax(_atleast_float32(tail), dim=-1).gather(1, t).squeeze(1)
+                logp = head[idx, -i] + F.log_softmax(at_least_float32(tail), dim=-1).gather(1, t).squeeze(1)
             nll.index_copy_(0, idx, -logp)
         return nll

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
@@ -20,6 +19,7 @@ from longctx.core.base import LMBase, StepOutput
 from longctx.core.recall import target_is_argmax
 from longctx.core.run_settings import eval_window
 from longctx.diagnostics.footprint import feed_forward_elements, window_elements
+from longctx.methods.softmax_nll import full_softmax_nll
 from longctx.methods.window_transformer.flops import flops_per_token
 from longctx.methods.window_transformer.network import WindowTransformer
 
@@ -53,7 +53,7 @@ class WindowTransformerLM(LMBase):
     def step(self, batch: dict[str, Tensor], memory: None) -> StepOutput:
         x = batch["input"]  # (B, L)
         logits = self.net(x)  # (B, L, V)
-        nll = F.cross_entropy(logits.float().transpose(1, 2), batch["target"], reduction="none")  # (B, L)
+        nll = full_softmax_nll(logits, batch["target"])  # (B, L)
         correct = target_is_argmax(logits, batch["target"]) if self.wants_correct else None
         return StepOutput(nll=nll, memory=None, correct=correct)
 
