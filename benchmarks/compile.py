@@ -59,6 +59,7 @@ class Tokens(pl.LightningDataModule):
         # The facts LMBase reads (longctx.core.data_facts.LMDataFacts): random tokens, no text.
         self.mode = "windows" if windowed else "segments"
         self.metric, self.eval_overlap, self.token_bytes = "bpc", 32 if windowed else 0, None
+        self.vocabulary_digest = None
 
     def word_count(self, split: str) -> None:
         return None

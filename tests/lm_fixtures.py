@@ -80,6 +80,7 @@ class NoTextFacts:
     metric = "ppl"
     eval_overlap = 0
     token_bytes = None
+    vocabulary_digest = None
 
     def word_count(self, split: str) -> int | None:
         return None

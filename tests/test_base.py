@@ -185,12 +185,14 @@ def test_the_data_module_has_every_fact_the_base_reads():
     data = LMDataModule(corpus="sample", batch_size=2, tgt_len=8)
     assert missing_facts(data) == []
     assert (data.mode, data.metric, data.eval_overlap) == ("segments", "bpc", 0)
-    assert set(FACTS) == {"mode", "metric", "eval_overlap", "token_bytes", "word_count", "target_marks"}
+    assert set(FACTS) == {
+        *("mode", "metric", "eval_overlap", "token_bytes", "word_count", "target_marks", "vocabulary_digest")
+    }
 
 
 def test_a_data_module_without_a_fact_is_refused_naming_it(tmp_path):
     class Wordless(pl.LightningDataModule):  # no word_count
-        mode, metric, eval_overlap, token_bytes = "segments", "ppl", 0, None
+        mode, metric, eval_overlap, token_bytes, vocabulary_digest = "segments", "ppl", 0, None, None
 
         def target_marks(self, split):
             return None

@@ -8,16 +8,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tokenizers import ByteLevelBPETokenizer
 
 from longctx.commands.cli import main as cli_main
 from longctx.commands.data import main as data_main
+from longctx.core.data_facts import VOCABULARY_KEY, DataMismatch
 from longctx.data import cache
 from longctx.data.datamodule import LMDataModule
 from longctx.data.download import DataError
 from longctx.data.text_files import TextFileError
 from longctx.data.tokenize import encode_bpe, gpt2_files, gpt2_tokenizer_from_files
 from tests.environment import shared_dir, skip_without_shared
+from tests.lm_fixtures import cpu_trainer
+from tests.methods import tiny
 
 GPT2 = shared_dir() / "data" / "gpt2"
 TEXT = "Grüße aus Köln — naïve café, 東京 and ✓ emoji 🙂.\nSecond line: plain ASCII words here.\n" * 8
@@ -316,3 +320,37 @@ def test_the_words_tokenizer_belongs_to_text_files(tmp_path):
     message = r"^data\.tokenizer: words reads your own files \(corpus text_files\)"
     with pytest.raises(ValueError, match=message):
         LMDataModule("wikitext103_raw", tokenizer="words", cache_dir=str(tmp_path))
+
+
+def test_a_checkpoint_read_with_another_word_vocabulary_is_refused(tmp_path):
+    """A words vocabulary orders its words by their counts in the train file: another train file of
+    the same words gives the same ids to other words, so a checkpoint scored on it would be silently
+    wrong; the checkpoint keeps its vocabulary's digest and such a read is refused."""
+    (tmp_path / "a.txt").write_text("k1 v7 k1 v7 k2\n" * 40, encoding="utf-8")
+    (tmp_path / "b.txt").write_text("k2 v7 k2 v7 k1\n" * 40, encoding="utf-8")
+    options = dict(tokenizer="words", batch_size=2, tgt_len=4)
+    only_a, only_b = ({split: name for split in ("train", "valid", "test")} for name in ("a.txt", "b.txt"))
+    a, b = text_files(tmp_path, only_a, **options), text_files(tmp_path, only_b, **options)
+    assert a.vocab_size == b.vocab_size and a.vocabulary_digest != b.vocabulary_digest
+    assert text_files(tmp_path, only_a, tokenizer="bytes").vocabulary_digest is None  # fixed ids
+
+    model = tiny("transformer_xl", vocab_size=a.vocab_size)
+    cpu_trainer(tmp_path, max_steps=1, limit_val_batches=0).fit(model, datamodule=a)
+    checkpoint = tmp_path / "a.ckpt"
+    model.trainer.save_checkpoint(checkpoint)
+    assert torch.load(checkpoint, weights_only=True)[VOCABULARY_KEY]["digest"] == a.vocabulary_digest
+
+    def test_on(data: LMDataModule) -> None:
+        trainer = cpu_trainer(tmp_path, limit_test_batches=1)
+        trainer.test(model, datamodule=data, ckpt_path=checkpoint, verbose=False)
+
+    test_on(a)  # its own vocabulary
+    with pytest.raises(DataMismatch, match=r"^the checkpoint's word vocabulary \(5 words, built from the"):
+        test_on(b)
+    # The way out the line names: b read with the vocabulary the checkpoint was trained with.
+    a_vocabulary = a.corpus.path / "vocab.txt"
+    b_as_a = text_files(tmp_path, only_b, vocab_file=str(a_vocabulary), **options)
+    assert b_as_a.vocabulary_digest == a.vocabulary_digest
+    ids_by_hand = word_ids_by_hand((tmp_path / "b.txt").read_text(), a_vocabulary.read_text().split())
+    assert b_as_a.corpus.split("test").tokens.tolist() == ids_by_hand
+    test_on(b_as_a)

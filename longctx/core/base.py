@@ -41,7 +41,14 @@ from torch.utils._pytree import tree_map
 from torchmetrics import SumMetric
 
 from longctx.core import rng_state
-from longctx.core.data_facts import BatchMode, DataMismatch, LMDataFacts, check_data_facts
+from longctx.core.data_facts import (
+    VOCABULARY_KEY,
+    BatchMode,
+    DataMismatch,
+    LMDataFacts,
+    check_data_facts,
+    check_vocabulary,
+)
 from longctx.core.knob_groups import flatten_knobs, fold_flat, knob_path, plain
 from longctx.core.memory import RowMemory
 from longctx.core.recall import RecallScorer
@@ -515,8 +522,13 @@ class LMBase(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[RNG_KEY] = rng_state.collect()
+        data = self.data_facts()
+        if data is not None and (digest := data.vocabulary_digest) is not None:
+            checkpoint[VOCABULARY_KEY] = {"digest": digest, "size": int(getattr(data, "vocab_size", 0))}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if (data := self.data_facts()) is not None:
+            check_vocabulary(checkpoint.get(VOCABULARY_KEY), data)
         # `load_from_checkpoint` (no trainer) leaves the RNG alone; a resumed fit restores it.
         if RNG_KEY in checkpoint and self._trainer is not None:
             rng_state.restore(checkpoint[RNG_KEY])

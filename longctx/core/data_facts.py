@@ -1,10 +1,11 @@
 """The facts about the data that `LMBase` reads from the trainer's data module, as one Protocol.
 
-`LMBase` needs six facts the network does not know: the batch layout (`mode`), the unit metric
+`LMBase` needs seven facts the network does not know: the batch layout (`mode`), the unit metric
 (`metric`), the UTF-8 bytes of each token id (`token_bytes`, for bits per byte), the words of an
 evaluation split (`word_count`, for perplexity per word), the evaluation overlap of windows
-(`eval_overlap`) and the marked targets of an evaluation split (`target_marks`, for recall
-accuracy). `LMDataModule` provides them; a test's data module provides them too, or none
+(`eval_overlap`), the marked targets of an evaluation split (`target_marks`, for recall
+accuracy) and which word each id stands for (`vocabulary_digest`, checked against a checkpoint's).
+`LMDataModule` provides them; a test's data module provides them too, or none
 (loaders passed to `fit` directly: ppl, no bytes, no words, no layout check).
 
 A data module with only some of them is refused at `setup` (`missing_facts`), so a typo'd fact
@@ -43,8 +44,13 @@ class LMDataFacts(Protocol):
     def target_marks(self, split: str) -> TargetMarks | None:
         """The marked targets of the split ("valid" or "test"), or None (no recall accuracy)."""
 
+    @property
+    def vocabulary_digest(self) -> str | None:
+        """A digest of which word each id stands for, when the data decides it (a vocabulary built
+        from the training text), else None (fixed vocabularies, random tokens)."""
 
-FACTS = ("mode", "metric", "eval_overlap", "token_bytes", "word_count", "target_marks")
+
+FACTS = ("mode", "metric", "eval_overlap", "token_bytes", "word_count", "target_marks", "vocabulary_digest")
 _ABSENT = object()
 
 
@@ -71,3 +77,21 @@ def check_data_facts(datamodule: object, model_name: str, batch_mode: BatchMode)
             f"{model_name} reads {batch_mode} batches {LAYOUTS[batch_mode]}, but the data module "
             f"yields {datamodule.mode}: set data.mode: {batch_mode}"
         )
+
+
+VOCABULARY_KEY = "longctx_vocabulary"  # the checkpoint's entry: {"digest", "size"}
+
+
+def check_vocabulary(saved: dict | None, datamodule: object) -> None:
+    """Raise `DataMismatch` when a checkpoint's word vocabulary is not the data's: the same ids would
+    stand for other words, and every number scored with them would be silently wrong (a vocabulary
+    built from another training text orders its words by their counts there)."""
+    digest = getattr(datamodule, "vocabulary_digest", None)
+    if saved is None or digest is None or saved["digest"] == digest:
+        return
+    raise DataMismatch(
+        f"the checkpoint's word vocabulary ({saved['size']:,} words, built from the text it was trained "
+        f"on) is not this data's ({getattr(datamodule, 'vocab_size', 0):,} words, from its train file): the "
+        "same ids stand for other words; evaluate with the vocabulary it was trained with (the "
+        "train file it was trained on, or --data.vocab_file with that run's vocab.txt)"
+    )

@@ -197,6 +197,13 @@ class TokenizedCorpus:
     token_bytes: np.ndarray
     absent: dict[str, str] = field(default_factory=dict)  # split -> why it was not tokenized
 
+    @property
+    def vocabulary_digest(self) -> str | None:
+        """sha1 of `vocab.txt`, the word vocabulary built from the data (or imported): which word each
+        id stands for. None where no text changes the ids (bytes, characters, GPT-2's BPE)."""
+        vocab = self.path / "vocab.txt"
+        return hashlib.sha1(vocab.read_bytes()).hexdigest() if vocab.is_file() else None
+
     def split(self, name: str) -> TokenizedSplit:
         if name in self.absent:
             raise DataError(
@@ -389,7 +396,8 @@ def vocab_size_of(spec: CorpusSpec) -> int:
     """
     corpus = spec.corpus
     if spec.vocab_file is not None:
-        return len(WordVocab.load(spec.vocab_file))
+        vocab = WordVocab.load(spec.vocab_file)
+        return len(vocab.with_unk() if corpus.user_files else vocab)  # as `_tokenize_text_files` reads it
     if spec.unit == "byte":
         return 256
     if spec.unit == "word" and corpus.user_files:  # built from the train file: read from the cache
@@ -664,14 +672,17 @@ def _tokenize_documents(spec: CorpusSpec, path: Path) -> dict:
 def _tokenize_text_files(spec: CorpusSpec, path: Path) -> dict:
     """The user's files (`text_files`): each file read once and checked against the digest its cache
     is keyed by (`_read_user_file`), tokenized whole: bytes (id i = byte i of the file) or a BPE, with
-    word counts per split, or words (`tokenizer: words`: the vocabulary from the train file, words
-    of other files it lacks mapped to `<unk>` and counted)."""
+    word counts per split, or words (`tokenizer: words`: the vocabulary from the train file, or
+    `vocab_file`'s; words of other files it lacks mapped to `<unk>` and counted)."""
     texts: dict[Path, str] = {}
     for split, file in spec.user_files().items():
         if file.resolve() not in texts:
             texts[file.resolve()] = _read_user_file(spec, path, split, file)
     if spec.unit == "word":
-        vocab = WordVocab.from_lines(text_lines(texts[spec.user_files()["train"].resolve()])).with_unk()
+        if spec.vocab_file is not None:  # a trained model's ids (its run's vocab.txt)
+            vocab = WordVocab.load(spec.vocab_file).with_unk()
+        else:
+            vocab = WordVocab.from_lines(text_lines(texts[spec.user_files()["train"].resolve()])).with_unk()
         with atomic_path(path / "vocab.txt") as tmp:
             vocab.save(tmp)
 

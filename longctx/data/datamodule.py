@@ -124,8 +124,12 @@ class LMDataModule(pl.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.info = get_corpus(corpus)
-        if vocab_file is not None and self.info.unit != "word":
-            raise ValueError(f"data.vocab_file is a word vocabulary, but corpus {corpus} is not word-level")
+        reads_words = self.info.unit == "word" or (self.info.user_files and tokenizer == WORDS_TOKENIZER)
+        if vocab_file is not None and not reads_words:
+            raise ValueError(
+                f"data.vocab_file is a word vocabulary, but corpus {corpus} is not read as words (a word "
+                "corpus, or text_files with data.tokenizer: words)"
+            )
         check_positive(batch_size=batch_size, tgt_len=tgt_len, windows_per_batch=windows_per_batch)
         check_positive(eval_batch_size=eval_batch_size, eval_tgt_len=eval_tgt_len)
         if tokenizer == BYTES_TOKENIZER and self.info.unit != "bpe":
@@ -223,6 +227,12 @@ class LMDataModule(pl.LightningDataModule):
         if self._token_bytes is None:
             self._token_bytes = torch.from_numpy(self.corpus.token_bytes.astype("int64"))
         return self._token_bytes
+
+    @property
+    def vocabulary_digest(self) -> str | None:
+        """Which word each id stands for, as a digest (`TokenizedCorpus.vocabulary_digest`): None for
+        fixed vocabularies, and before `setup`."""
+        return None if self._corpus is None else self._corpus.vocabulary_digest
 
     def word_count(self, split: str) -> int | None:
         """Words of a split (for perplexity per word of a BPE model), or None."""
