@@ -525,13 +525,12 @@ def test_fused_band_attention_drops_normalised_probabilities():
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_the_modules_hand_the_knob_to_every_layer(attention):
     """`model.init_args.network.attention` of the configs reaches every attention layer."""
-    xl = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention=attention)
-    flex = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention="flex")
+    sizes = {"n_layers": 2, "d_model": 8, "n_heads": 2, "d_inner": 16}
+    xl = TransformerXLLM(vocab_size=30, network={**sizes, "attention": attention})
+    flex = TransformerXLLM(vocab_size=30, network={**sizes, "attention": "flex"})
     assert [layer.attn.attention for layer in flex.net.layers] == ["flex"] * 2
-    span = AdaptiveSpanLM(vocab_size=30, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16)
+    span = AdaptiveSpanLM(vocab_size=30, network={**sizes, "attn_span": 16})
     assert span.net.layers[0].attn.attention == "sdpa"  # the default
-    span = AdaptiveSpanLM(
-        vocab_size=30, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16, attention=attention
-    )
+    span = AdaptiveSpanLM(vocab_size=30, network={**sizes, "attn_span": 16, "attention": attention})
     assert [layer.attn.attention for layer in xl.net.layers] == [attention] * 2
     assert [layer.attn.attention for layer in span.net.layers] == [attention] * 2

@@ -574,7 +574,7 @@ STATE_DICT_KEYS = [
 RECURRENCE_KNOBS = {
     "insert_layer": 1, "ffn_width": 8, "ffn_hidden_layers": 2, "ffn_activation": "gelu", "slot_norm": False,
 }  # fmt: skip
-# What `module(**RECURRENCE_KNOBS)` saved as hyper_parameters before the group.
+# What `module(window_recurrence=RECURRENCE_KNOBS)` saved as hyper_parameters before the group.
 FLAT_HPARAMS = {
     "vocab_size": VOCAB, "pretrained": None,
     "gpt2_config": {**TINY, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
@@ -590,23 +590,22 @@ def test_state_dict_keys_are_those_recorded_before_the_knob_groups():
 
 
 @pytest.mark.parametrize("recurrence", [True, False])
-def test_the_module_from_its_recurrence_group_equals_the_one_from_flat_keywords(recurrence):
+def test_the_module_from_its_recurrence_group_as_a_dataclass_equals_the_one_from_a_dict(recurrence):
     grouped = module(recurrence, window_recurrence=WindowRecurrence.Config(**RECURRENCE_KNOBS))
-    flat = module(recurrence, **RECURRENCE_KNOBS)
-    assert dict(grouped.hparams) == dict(flat.hparams)
+    from_dict = module(recurrence, window_recurrence=RECURRENCE_KNOBS)
+    assert dict(grouped.hparams) == dict(from_dict.hparams)
     assert grouped.hparams["window_recurrence"] == {**RECURRENCE_KNOBS, "pool_embeddings": False}
-    assert not {"insert_layer", "ffn_width"} & set(grouped.hparams)  # folded, not repeated
-    assert_same_weights(grouped, flat)
+    assert_same_weights(grouped, from_dict)
     if recurrence:
         assert grouped.recurrence.config == WindowRecurrence.Config(**RECURRENCE_KNOBS)
-        assert flat.recurrence.config == grouped.recurrence.config
+        assert from_dict.recurrence.config == grouped.recurrence.config
         assert isinstance(grouped.recurrence.ffn.net[1], torch.nn.GELU)
     else:
-        assert grouped.recurrence is None and flat.recurrence is None  # the windowed baseline
+        assert grouped.recurrence is None and from_dict.recurrence is None  # the windowed baseline
 
 
 def test_a_checkpoint_with_the_old_flat_hyperparameters_loads_into_the_same_knobs_and_weights(tmp_path):
-    model = module(**RECURRENCE_KNOBS)
+    model = module(window_recurrence=RECURRENCE_KNOBS)
     path = save_with_hparams(model, FLAT_HPARAMS, tmp_path / "flat.ckpt")
     loaded = RecurrentGPT2LM.load_from_checkpoint(path, eval_h_prev="reset")
     assert loaded.recurrence.config == WindowRecurrence.Config(**RECURRENCE_KNOBS)
