@@ -313,9 +313,9 @@ def main() -> None:
 
         model = TransformerXLLM.load_from_checkpoint(args.ckpt, map_location="cpu").net
     else:
-        model = TransformerXL(
-            args.vocab, args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0
-        )
+        model = TransformerXL.Config(
+            args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0
+        ).build(args.vocab)
     model.eval()
     vocab = model.word_emb.n_token
     n_tokens = args.tgt_len * args.segments

@@ -37,8 +37,8 @@ VOCAB = 30
 def xl_and_compressive(**compressive) -> tuple[TransformerXL, CompressiveTransformer]:
     """A Transformer-XL and a Compressive Transformer holding the same weights (double, eval)."""
     torch.manual_seed(0)
-    xl = TransformerXL(VOCAB, **SIZES).double().eval()
-    ct = CompressiveTransformer(VOCAB, **compressive, **SIZES).double().eval()
+    xl = TransformerXL.Config(**SIZES).build(VOCAB).double().eval()
+    ct = CompressiveTransformer.Config(**compressive, **SIZES).build(VOCAB).double().eval()
     missing, unexpected = ct.load_state_dict(xl.state_dict(), strict=False)
     assert not unexpected and all(k.startswith("compressors.") for k in missing)
     return xl, ct
@@ -158,9 +158,9 @@ def test_the_key_value_cache_gives_the_uncached_outputs_and_memories(compression
     partial memories, compression, a trimmed compressed memory and a reset row; the caches hold the
     layers' own projections of the slots."""
     torch.manual_seed(0)
-    ct = CompressiveTransformer(
-        VOCAB, compression=compression, compression_rate=2, pre_lnorm=pre_lnorm, **SIZES
-    )
+    ct = CompressiveTransformer.Config(
+        compression=compression, compression_rate=2, pre_lnorm=pre_lnorm, **SIZES
+    ).build(VOCAB)
     ct = ct.double().eval()
     lengths = dict(mem_len=4, cmem_len=3, clamp_len=5, same_length=same_length)
     plain, cached = ct.empty_memory(2), ct.empty_memory(2)
@@ -214,7 +214,11 @@ def gradients(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Ten
 @pytest.mark.parametrize("reconstruction", ["attention", "autoencoding"])
 def test_reconstruction_loss_leaves_main_gradients_unchanged_and_reaches_only_f_c(reconstruction):
     torch.manual_seed(0)
-    ct = CompressiveTransformer(VOCAB, compression_rate=2, reconstruction=reconstruction, **SIZES).double()
+    ct = (
+        CompressiveTransformer.Config(compression_rate=2, reconstruction=reconstruction, **SIZES)
+        .build(VOCAB)
+        .double()
+    )
     stream = segments(4)
     memory = ct.empty_memory(2)
     with torch.no_grad():
@@ -245,7 +249,7 @@ def test_reconstruction_loss_leaves_main_gradients_unchanged_and_reaches_only_f_
 
 def test_reconstruction_is_a_zero_tied_to_f_c_before_anything_is_compressed():
     torch.manual_seed(0)
-    ct = CompressiveTransformer(VOCAB, compression_rate=2, **SIZES)
+    ct = CompressiveTransformer.Config(compression_rate=2, **SIZES).build(VOCAB)
     out = ct(segments(1)[0], ct.empty_memory(2), mem_len=4, cmem_len=2, need_reconstruction=True)
     assert out.reconstruction_loss.item() == 0
     out.reconstruction_loss.backward()  # every f_c parameter gets a (zero) gradient: DDP needs one
@@ -562,19 +566,14 @@ def test_the_state_dict_keys_are_those_recorded_before_the_groups():
     assert list(grouped_tiny().state_dict()) == STATE_KEYS.read_text().split()
 
 
-def test_config_build_equals_the_network_from_its_fields():
+def test_config_build_equals_the_network_from_its_config():
     config = grouped_tiny().net.config
     assert isinstance(config, TransformerXL.Config) and config.cutoffs == (8, 32)
     nets = []
     for build in (
         lambda: config.build(64),
         lambda: CompressiveTransformer(64, config),
-        lambda: CompressiveTransformer(64, 2, 16, 2, 32, dropout=0.0, cutoffs=[8, 32], div_val=2,
-                                       compression_rate=2, reconstruction="autoencoding"),
-        # the form before the Config: the compression's fields first, XL's by keyword
-        lambda: CompressiveTransformer(64, "conv", 2, "autoencoding", n_layers=2, d_model=16, n_heads=2,
-                                       d_inner=32, dropout=0.0, cutoffs=[8, 32], div_val=2),
-    ):  # fmt: skip
+    ):
         torch.manual_seed(0)
         nets.append(build())
     for net in nets[1:]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from longctx.core.base import LMBase
-from longctx.core.knob_groups import as_group, network_config, override_groups
+from longctx.core.knob_groups import as_group, override_groups
 from longctx.methods.transformer_xl.network import TransformerXL
 
 
@@ -140,16 +140,16 @@ def test_as_group_reads_a_dataclass_a_dict_or_none():
         as_group(Sizes, 3)
 
 
-def test_a_network_takes_its_config_or_its_fields_alike():
+def test_a_network_takes_its_config():
     config = TransformerXL.Config(n_layers=2, d_model=16, n_heads=2, d_inner=32, cutoffs=[4, 8])
     assert config.cutoffs == (4, 8)  # frozen: lists become tuples
     torch.manual_seed(0)
     built = config.build(20)
     torch.manual_seed(0)
-    positional = TransformerXL(20, 2, 16, 2, 32, cutoffs=[4, 8])
-    assert built.config == positional.config == network_config(TransformerXL.Config, (config,), {})
-    assert built.state_dict().keys() == positional.state_dict().keys()
+    constructed = TransformerXL(20, config)
+    assert built.config == constructed.config == config
+    assert built.state_dict().keys() == constructed.state_dict().keys()
     for name, tensor in built.state_dict().items():
-        torch.testing.assert_close(tensor, positional.state_dict()[name], rtol=0, atol=0)
+        torch.testing.assert_close(tensor, constructed.state_dict()[name], rtol=0, atol=0)
     with pytest.raises(ValueError, match="must be even"):
         TransformerXL.Config(d_model=15)

@@ -80,7 +80,7 @@ def pair(impl: str = "sdpa") -> tuple[GPT2LMHeadModel, GPT2LMHeadModel]:
 
 
 def slot(h_prev: torch.Tensor, lm: GPT2LMHeadModel, present: torch.Tensor | None = None) -> RecurrenceSlot:
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     present = torch.ones(h_prev.shape[0], dtype=torch.bool) if present is None else present
     return net.slot_for(lm, h_prev, present)
 
@@ -221,8 +221,9 @@ def test_a_stock_attention_is_refused_because_it_ignores_the_slot():
     with pytest.raises(RuntimeError, match="consumed by 0"):
         run_window(rec, x, slot=RecurrenceSlot(N_LAYER + 3, s.state, s.present))
     with pytest.raises(RuntimeError, match="ignores the recurrence slot"):
-        WindowRecurrence(D, N_LAYER)(stock, x[:, None], x[:, None], torch.ones(2, 1, 8, dtype=torch.bool),
-                                     torch.zeros(2, 1, dtype=torch.bool))  # fmt: skip
+        recurrence = WindowRecurrence.Config().build(D, N_LAYER)
+        recurrence(stock, x[:, None], x[:, None], torch.ones(2, 1, 8, dtype=torch.bool),
+                   torch.zeros(2, 1, dtype=torch.bool))  # fmt: skip
 
 
 # ------------------------------------------------------------------ pooling, FFN, BPTT
@@ -264,7 +265,7 @@ def window_batch(
 def bptt(checkpointing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     lm = gpt2(RECURRENCE_SDPA, dropout=0.1).train()
     torch.manual_seed(5)
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     b = window_batch()
     torch.manual_seed(7)  # dropout masks
     nll, h, _ = net(lm, b["input"], b["target"], b["mask"], b["reset"], torch.randn(2, D), checkpointing)
@@ -288,7 +289,7 @@ def test_checkpointed_bptt_equals_plain_bptt_loss_and_gradients():
 def saved_for_backward_bytes(checkpointing: bool, n_windows: int) -> int:
     """Bytes of the distinct storages autograd keeps for backward after the forward over K windows."""
     lm = gpt2(RECURRENCE_SDPA)
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     b = window_batch(n_windows=n_windows, length=16)
     storages: dict[int, int] = {}
 
@@ -313,7 +314,7 @@ def test_checkpointing_keeps_only_z_and_h_prev_per_window():
 
 def test_gradient_of_window_k_reaches_window_k_minus_1_except_across_a_reset():
     lm = gpt2(RECURRENCE_SDPA)
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     b = window_batch(batch=3, n_windows=2)
     b["reset"][0, 1] = True  # row 0 starts a new document at window 1
     embeddings: list[torch.Tensor] = []
@@ -618,17 +619,14 @@ def test_a_checkpoint_with_the_old_flat_hyperparameters_loads_into_the_same_knob
     assert_same_weights(loaded, baseline)
 
 
-def test_config_build_equals_the_recurrence_from_its_fields():
+def test_config_build_equals_the_recurrence_from_its_config():
     config = WindowRecurrence.Config(**RECURRENCE_KNOBS)
     torch.manual_seed(0)
     built = config.build(D, N_LAYER)
     torch.manual_seed(0)
-    positional = WindowRecurrence(D, N_LAYER, 1, 8, 2, "gelu", False, False)
-    torch.manual_seed(0)
-    named = WindowRecurrence(D, N_LAYER, **RECURRENCE_KNOBS)
-    assert built.config == positional.config == named.config == config
-    assert_same_weights(built, positional)
-    assert_same_weights(built, named)
+    constructed = WindowRecurrence(D, N_LAYER, config)
+    assert built.config == constructed.config == config
+    assert_same_weights(built, constructed)
 
 
 @pytest.mark.parametrize(

@@ -270,7 +270,7 @@ def test_the_evaluation_footprint_is_a_gpt2_window_of_the_segment_and_its_memory
 def test_the_initial_memory_is_drawn_at_the_scale_of_the_token_embedding():
     embedding = torch.randn(1000, 64) * 0.3
     torch.manual_seed(0)
-    cell = MemoryCell(embedding, num_mem_tokens=400)
+    cell = MemoryCell.Config(num_mem_tokens=400).build(embedding)
     assert cell.memory.shape == (400, 64) and cell.memory.requires_grad
     assert cell.memory.std().item() == pytest.approx(0.3, rel=0.02)
     torch.manual_seed(0)

@@ -38,7 +38,12 @@ RESOLVED = Path(__file__).resolve().parent / "fixtures" / "resolved_configs"
 
 def net(n_layers: int = 2, d_model: int = 16, n_heads: int = 2, vocab: int = 30, **kwargs) -> TransformerXL:
     torch.manual_seed(0)
-    return TransformerXL(vocab, n_layers, d_model, n_heads, d_inner=24, dropout=0.0, **kwargs).double().eval()
+    return (
+        TransformerXL.Config(n_layers, d_model, n_heads, d_inner=24, dropout=0.0, **kwargs)
+        .build(vocab)
+        .double()
+        .eval()
+    )
 
 
 def sinusoid(dist: float, d: int) -> torch.Tensor:
@@ -254,7 +259,11 @@ def test_adaptive_softmax_normalises_and_nll_reads_the_target(div_val, d_embed):
 
 def test_adaptive_embedding_and_tying():
     torch.manual_seed(0)
-    model = TransformerXL(40, 1, 12, 2, 16, d_embed=12, cutoffs=[10, 25], div_val=2, dropout=0.0).double()
+    model = (
+        TransformerXL.Config(1, 12, 2, 16, d_embed=12, cutoffs=[10, 25], div_val=2, dropout=0.0)
+        .build(40)
+        .double()
+    )
     emb, crit = model.word_emb, model.crit
     x = torch.tensor([[0, 9, 10, 24, 25, 39]])
     expected = []
@@ -271,7 +280,7 @@ def test_adaptive_embedding_and_tying():
 
 def test_initialisation_follows_the_code():
     torch.manual_seed(0)
-    model = TransformerXL(300, 4, 64, 4, 256, cutoffs=[100, 200], dropout=0.0)
+    model = TransformerXL.Config(4, 64, 4, 256, cutoffs=[100, 200], dropout=0.0).build(300)
     ln = torch.cat([layer.attn.layer_norm.weight for layer in model.layers])
     assert abs(ln.mean().item() - 1) < 0.01 and abs(ln.std().item() - 0.02) < 0.005
     w = model.layers[0].ff.fc1.weight

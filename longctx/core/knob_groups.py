@@ -40,14 +40,6 @@ def as_group(cls: type[T], value: T | Mapping[str, Any] | None) -> T | None:
     raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
 
 
-def network_config(cls: type[T], knobs: tuple[Any, ...], named_knobs: Mapping[str, Any]) -> T:
-    """A network's `Config` from its constructor's arguments after the vocabulary size: the Config
-    itself, or its fields (positional in the Config's order, or by name)."""
-    if len(knobs) == 1 and not named_knobs and isinstance(knobs[0], cls):
-        return knobs[0]
-    return cls(*knobs, **named_knobs)
-
-
 def check_sizes(config: Any, *names: str) -> None:
     """Each named field of `config` (an int, or None where the field allows it) must be at least 1: a
     zero or negative size fails later as a division by zero or a tensor of negative shape."""
