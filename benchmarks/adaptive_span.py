@@ -87,20 +87,23 @@ class Runner:
         self.trim = "layer" if variant.endswith(LAYER_SUFFIX) or self.spans is None else "head"
         reference = variant.endswith(LAYER_SUFFIX) and config["layer_attention"] is not None
         self.evaluating = config["eval"]
-        self.net = SpanTransformer(
-            vocab_size=256,
-            d_model=config["d_model"],
-            n_layers=n_layers,
-            n_heads=n_heads,
-            d_inner=config["d_inner"],
-            attn_span=S,
-            dropout=0.0,
-            span="fixed" if self.spans is None else "adaptive",
-            span_ramp=32,
-            chunk_size=config["chunk_size"],
-            span_trim=self.trim,
-            attention=config["layer_attention"] if reference else config["attention"],
-        ).train(not self.evaluating)
+        self.net = (
+            SpanTransformer.Config(
+                d_model=config["d_model"],
+                n_layers=n_layers,
+                n_heads=n_heads,
+                d_inner=config["d_inner"],
+                attn_span=S,
+                dropout=0.0,
+                span="fixed" if self.spans is None else "adaptive",
+                span_ramp=32,
+                chunk_size=config["chunk_size"],
+                span_trim=self.trim,
+                attention=config["layer_attention"] if reference else config["attention"],
+            )
+            .build(256)
+            .train(not self.evaluating)
+        )
         if self.spans is not None:
             with torch.no_grad():
                 for layer, z in zip(self.net.layers, self.spans):

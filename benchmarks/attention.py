@@ -46,9 +46,11 @@ def use_kernel(model: torch.nn.Module, attention: str) -> None:
 def xl_step(args: argparse.Namespace, trams: bool, train: bool) -> tuple[torch.nn.Module, Callable[[], None]]:
     """A step of Transformer-XL (or TRAMS at evaluation) at the memory's full length."""
     torch.manual_seed(0)
-    model = TransformerXL(
-        args.vocab, args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0
-    ).train(train)
+    model = (
+        TransformerXL.Config(args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0)
+        .build(args.vocab)
+        .train(train)
+    )
     model.to(args.device)
     tokens = torch.randint(0, args.vocab, (args.batch, args.tgt_len + 1), device=args.device)
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -71,9 +73,13 @@ def xl_step(args: argparse.Namespace, trams: bool, train: bool) -> tuple[torch.n
 def span_step(args: argparse.Namespace, train: bool) -> tuple[torch.nn.Module, Callable[[], None]]:
     """A step of adaptive span with spans spread over [0, S/2] (heads trimmed to their own)."""
     torch.manual_seed(0)
-    model = SpanTransformer(
-        args.vocab, args.d_model, args.n_layers, args.n_heads, args.d_inner, args.attn_span, dropout=0.0
-    ).train(train)
+    model = (
+        SpanTransformer.Config(
+            args.d_model, args.n_layers, args.n_heads, args.d_inner, args.attn_span, dropout=0.0
+        )
+        .build(args.vocab)
+        .train(train)
+    )
     model.to(args.device)
     with torch.no_grad():
         for layer in model.layers:

@@ -32,13 +32,14 @@ from gpu_report import device_name
 
 from longctx.callbacks import CompileNetwork
 from longctx.core.base import LMBase
+from longctx.core.knob_groups import override_groups
 from longctx.data.streams import SegmentStream
 from longctx.methods import registry
 
 VOCAB = 256
 # The small network every method trains here (a GPT-2 spells the sizes n_layer, n_embd, n_head); each
 # method's registry entry adds its own knobs at this scale (`bench_knobs`: memory lengths, span).
-SIZES = {"n_layers": 4, "d_model": 256, "n_heads": 4, "d_inner": 1024}
+SIZES = {"network": {"n_layers": 4, "d_model": 256, "n_heads": 4, "d_inner": 1024}}
 GPT2_SIZES = {"gpt2_config": {"n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 128}}
 
 
@@ -46,7 +47,7 @@ def build(method: str) -> LMBase:
     """The registered method's module at the benchmark's sizes (GPT-2's where it is built on one)."""
     entry = registry.METHODS[method]
     sizes = GPT2_SIZES if "gpt2_config" in entry.tiny_knobs else SIZES
-    return entry.module_class()(vocab_size=VOCAB, **{**sizes, **entry.bench_knobs})
+    return entry.module_class()(vocab_size=VOCAB, **override_groups(sizes, entry.bench_knobs))
 
 
 class Tokens(pl.LightningDataModule):

@@ -51,14 +51,15 @@ def build(cfg: dict) -> torch.nn.Module:
     from longctx.methods.transformer_xl.module import TransformerXLLM
 
     network = {k: cfg[k] for k in ("n_layers", "d_model", "n_heads", "d_inner")}
-    network.update(vocab_size=cfg["vocab"], cutoffs=[], dropout=0.0)
+    network.update(cutoffs=[], dropout=0.0)
     n_m, n_cm, c = cfg["mem_len"], cfg["cmem_len"], cfg["rate"]
     if cfg["model"] == "compressive":
+        compressive = {**network, "compression_rate": c, "compression": cfg["compression"]}
         return CompressiveTransformerLM(
-            **network, mem_len=n_m, cmem_len=n_cm, compression_rate=c, compression=cfg["compression"]
+            vocab_size=cfg["vocab"], network=compressive, mem_len=n_m, cmem_len=n_cm
         )
     memory = n_m + n_cm if cfg["model"] == "xl_same_attention" else n_m + c * n_cm
-    return TransformerXLLM(**network, mem_len=memory)
+    return TransformerXLLM(vocab_size=cfg["vocab"], network=network, mem_len=memory)
 
 
 def measure(cfg: dict) -> dict:

@@ -67,6 +67,7 @@ from mfu_shapes import BENCHES, MODES, Bench, Mode, Step, counting_module, forwa
 
 from longctx.callbacks.compile import compile_network
 from longctx.core.base import LMBase, detach_memory
+from longctx.core.knob_groups import at_path, override_groups
 
 # Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by torch.cuda.get_device_name; first match wins.
 PEAK_BF16_TFLOPS: list[tuple[str, float, str]] = [
@@ -267,9 +268,9 @@ def evaluation_step(lm: LMBase, rows: int) -> Callable[[dict], None]:
 
 
 def variant_knobs(bench: Bench, variant: Variant) -> dict:
-    knobs = {bench.kernel_knob: variant.kernel} if bench.kernel_knob else {}
+    knobs = at_path(bench.kernel_knob, variant.kernel) if bench.kernel_knob else {}
     if bench.cache_knob and not variant.cached:
-        knobs[bench.cache_knob] = False
+        knobs = override_groups(knobs, at_path(bench.cache_knob, False))
     return knobs
 
 

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from longctx.core.base import LMBase
+from longctx.core.knob_groups import override_groups
 from longctx.methods.transformer_xl import flops as xl_flops
 
 Mode = Literal["train", "eval"]
@@ -56,7 +57,8 @@ class Step:
 
 @dataclass(frozen=True)
 class Scale:
-    """A model size: vocabulary, the module's knobs (flat names, `LMBase.fold_knobs`) and its steps."""
+    """A model size: vocabulary, the module's arguments (its knob groups as dicts: `network: {...}`)
+    and its steps."""
 
     vocab: int
     knobs: dict
@@ -71,15 +73,16 @@ class Scale:
 class Bench:
     """A method: `module` (import path of its `LMBase` class), `paper` and `tiny` scales, `shape`
     (the paper's shape in words and what differs on one GPU), `config` (the config of that model),
-    `kernel_knob` (the knob choosing eager or sdpa attention; None: fused only), `flex` (accepts
-    "flex" at evaluation), `cache_knob` (the evaluation key/value cache's knob; None: none)."""
+    `kernel_knob` (where the knob choosing eager or sdpa attention is, an argument or `group.field`;
+    None: fused only), `flex` (accepts "flex" at evaluation), `cache_knob` (where the evaluation
+    key/value cache's knob is; None: none)."""
 
     module: str
     paper: Scale
     tiny: Scale
     shape: str
     config: str
-    kernel_knob: str | None = "attention"
+    kernel_knob: str | None = "network.attention"
     flex: bool = True
     cache_knob: str | None = None
 
@@ -91,9 +94,9 @@ class Bench:
         return getattr(importlib.import_module(package), name)
 
     def build(self, scale: Scale, mode: Mode, device: torch.device | str, **knobs) -> LMBase:
-        """The module at `scale` with `mode`'s knobs and `knobs` (each over the one before), its
-        parameters created on `device`."""
-        knobs = {**scale.knobs, **scale.step(mode).knobs, **knobs}
+        """The module at `scale` with `mode`'s knobs and `knobs` (each over the one before; a group's
+        dict over the fields it names), its parameters created on `device`."""
+        knobs = override_groups(override_groups(scale.knobs, scale.step(mode).knobs), knobs)
         with torch.device(device):
             lm = self.module_class()(vocab_size=scale.vocab, **knobs)
         return lm.to(device)
@@ -147,31 +150,47 @@ def forward_flops(bench: Bench, scale: Scale, mode: Mode, lm: LMBase, targets: T
 
 # configs/transformer_xl_wt103.yaml: the WikiText-103 base model with its adaptive input and softmax.
 XL_WT103 = dict(
-    n_layers=16, d_model=410, n_heads=10, d_head=41, d_inner=2100, cutoffs=[20000, 40000, 200000],
-    div_val=1, tie_projs=[False, True, True, True], mem_len=150,
+    network=dict(
+        n_layers=16, d_model=410, n_heads=10, d_head=41, d_inner=2100, cutoffs=[20000, 40000, 200000],
+        div_val=1, tie_projs=[False, True, True, True],
+    ),
+    mem_len=150,
 )  # fmt: skip
-XL_TINY = dict(n_layers=2, d_model=32, n_heads=2, d_inner=64, cutoffs=[100, 200], mem_len=16)
+XL_TINY = dict(network=dict(n_layers=2, d_model=32, n_heads=2, d_inner=64, cutoffs=[100, 200]), mem_len=16)
 # Evaluation at TRAMS's setting (Yu et al. 2023, configs/trams_wt103.yaml): n = 64, XL's memory
 # m = 200, no same_length, no clamp; TRAMS attends m = 200 (150 kept + 50 selected) of a pool M = 400.
-XL_EVAL = dict(eval_mem_len=200, eval_same_length=False, eval_clamp_len=0)
-TRAMS_EVAL = dict(trams_pool=400, trams_attended=200, trams_kept=150)
-TRAMS_TINY = dict(trams_pool=24, trams_attended=16, trams_kept=8)
-CACHED = {"eval_cache_kv": True}  # the count of the minimal computation, whatever the variant runs
+XL_EVAL = dict(evaluation=dict(mem_len=200, same_length=False, clamp_len=0))
+TRAMS_EVAL = dict(trams=dict(pool=400, attended=200, kept=150))
+TRAMS_TINY = dict(trams=dict(pool=24, attended=16, kept=8))
+CACHED = {"evaluation": {"cache_kv": True}}  # the count of the minimal computation, whatever the variant runs
 # configs/adaptive_span.yaml (enwik8 small), every head z = 213, so that z + R = 245, the small enwik8
 # model's average span (benchmarks/RESULTS.md, "FLOPs per token against the paper": 42.4M MACs).
 SPAN_SMALL = dict(
-    d_model=512, n_layers=12, n_heads=8, d_inner=2048, attn_span=8192, dropout=0.3, span_ramp=32,
-    span_init=213 / 8192,
+    network=dict(
+        d_model=512, n_layers=12, n_heads=8, d_inner=2048, attn_span=8192, dropout=0.3, span_ramp=32,
+        span_init=213 / 8192,
+    )
 )  # fmt: skip
-SPAN_TINY = dict(d_model=32, n_layers=2, n_heads=2, d_inner=64, attn_span=64, span_ramp=8, span_init=0.25)
+SPAN_TINY = dict(
+    network=dict(d_model=32, n_layers=2, n_heads=2, d_inner=64, attn_span=64, span_ramp=8, span_init=0.25)
+)
 # configs/compressive_transformer_pg19.yaml: Rae et al. 2020's PG-19 model (§5.1).
 CT_PG19 = dict(
-    n_layers=36, d_model=1024, n_heads=8, d_head=128, d_inner=4096, cutoffs=[], compression="conv",
-    compression_rate=2, mem_len=512, cmem_len=512,
+    network=dict(
+        n_layers=36, d_model=1024, n_heads=8, d_head=128, d_inner=4096, cutoffs=[], compression="conv",
+        compression_rate=2,
+    ),
+    mem_len=512,
+    cmem_len=512,
 )  # fmt: skip
-CT_TINY = dict(n_layers=2, d_model=32, n_heads=2, d_inner=64, compression_rate=2, mem_len=16, cmem_len=8)
+CT_TINY = dict(
+    network=dict(n_layers=2, d_model=32, n_heads=2, d_inner=64, compression_rate=2), mem_len=16, cmem_len=8
+)
 GPT2_SMALL = dict(gpt2_config={"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024})
-GPT2_TINY = dict(gpt2_config={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64}, insert_layer=1)
+GPT2_TINY = dict(
+    gpt2_config={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 64},
+    window_recurrence={"insert_layer": 1},
+)
 # configs/base/recurrent_memory.yaml: m = 16 memory tokens on GPT-2 small, every block checkpointed.
 RMT_GPT2_SMALL = dict(**GPT2_SMALL, memory_cell={"num_mem_tokens": 16}, checkpoint_blocks=True)
 RMT_TINY = dict(
@@ -179,7 +198,7 @@ RMT_TINY = dict(
     memory_cell={"num_mem_tokens": 2},
 )
 XL = "longctx.methods.transformer_xl.module.TransformerXLLM"
-UNCACHED = {"eval_cache_kv": False}  # training's count: the memory projected again every segment
+UNCACHED = {"evaluation": {"cache_kv": False}}  # training's count: the memory projected again every segment
 
 BENCHES: dict[str, Bench] = {
     "transformer_xl": Bench(
@@ -187,20 +206,26 @@ BENCHES: dict[str, Bench] = {
         paper=Scale(
             267_735,
             XL_WT103,
-            train=Step(60, 150, flops_knobs={"eval_mem_len": 150, **UNCACHED}),
+            train=Step(60, 150, flops_knobs={"evaluation": {"mem_len": 150, "cache_kv": False}}),
             eval=Step(60, 64, knobs=XL_EVAL, fill=4, flops_knobs=CACHED),
         ),
         tiny=Scale(
             300,
             XL_TINY,
-            train=Step(2, 16, flops_knobs={"eval_mem_len": 16, **UNCACHED}),
-            eval=Step(2, 8, knobs={**XL_EVAL, "eval_mem_len": 16}, fill=2, flops_knobs=CACHED),
+            train=Step(2, 16, flops_knobs={"evaluation": {"mem_len": 16, "cache_kv": False}}),
+            eval=Step(
+                2,
+                8,
+                knobs=override_groups(XL_EVAL, {"evaluation": {"mem_len": 16}}),
+                fill=2,
+                flops_knobs=CACHED,
+            ),
         ),
         shape="WikiText-103 base (Dai et al. 2019): 16 layers, d 410, 10 heads of 41, inner 2100, "
         "adaptive input and softmax (cutoffs 20k/40k/200k); training n 150, memory 150, batch 60 (the "
         "config's); evaluation at TRAMS's m = 200, n = 64, batch 60",
         config="configs/transformer_xl_wt103.yaml",
-        cache_knob="eval_cache_kv",
+        cache_knob="evaluation.cache_kv",
     ),
     "trams": Bench(
         XL,
@@ -213,7 +238,7 @@ BENCHES: dict[str, Bench] = {
         shape="the same model evaluated with TRAMS (Yu et al. 2023): pool M = 400, m = 200 = 150 kept "
         "+ 50 selected, n = 64, batch 60",
         config="configs/trams_wt103.yaml",
-        cache_knob="eval_cache_kv",
+        cache_knob="evaluation.cache_kv",
     ),
     "adaptive_span": Bench(
         "longctx.methods.adaptive_span.module.AdaptiveSpanLM",
@@ -239,7 +264,7 @@ BENCHES: dict[str, Bench] = {
         "n_s = n_m = n_cm = 512, c 2, conv f_c, full softmax over GPT-2's 50,257 ids; scaled to one "
         "GPU: batch 512 -> 8 rows (the model is the paper's)",
         config="configs/compressive_transformer_pg19.yaml",
-        cache_knob="eval_cache_kv",
+        cache_knob="evaluation.cache_kv",
     ),
     "recurrence": Bench(
         "longctx.methods.recurrence.module.RecurrentGPT2LM",

@@ -45,8 +45,9 @@ def build(cfg: dict) -> torch.nn.Module:
         return RecurrentGPT2LM(
             vocab_size=cfg["vocab"], gpt2_config=gpt2, checkpoint_windows=lean, window_by_window=lean
         )
+    memory_cell = {"num_mem_tokens": cfg["mem_tokens"]}
     return RecurrentMemoryLM(
-        vocab_size=cfg["vocab"], gpt2_config=gpt2, num_mem_tokens=cfg["mem_tokens"], checkpoint_segments=lean
+        vocab_size=cfg["vocab"], gpt2_config=gpt2, memory_cell=memory_cell, checkpoint_segments=lean
     )
 
 

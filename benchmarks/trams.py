@@ -51,6 +51,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from longctx.core.knob_groups import override_groups
 from longctx.methods.transformer_xl.memory import XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import (
@@ -162,19 +163,16 @@ def run(
     return counted / elapsed, (sum(masses) / len(masses) if masses else None), out.hidden
 
 
-GRID = {  # name: evaluation knobs of TransformerXLLM (m, M, kept filled in from the arguments)
-    "rpe": {"eval_mem_len": 0},
-    "xl_m": {"eval_mem_len": "m"},
-    "xl_M": {"eval_mem_len": "M"},
-    "trams": {"trams_pool": "M", "trams_attended": "m", "trams_kept": "kept"},
-    "trams_paper": {"trams_pool": "M", "trams_attended": "m", "trams_kept": "kept", "trams_metric": "paper"},
-    "trams_true_pos": {
-        "trams_pool": "M",
-        "trams_attended": "m",
-        "trams_kept": "kept",
-        "trams_positions": "true",
-    },
-    "oracle": {"trams_pool": "M", "trams_attended": "m", "trams_kept": "kept", "trams_metric": "oracle"},
+TRAMS_POOL = {"pool": "M", "attended": "m", "kept": "kept"}
+# name: the evaluation groups of TransformerXLLM (m, M, kept filled in from the arguments)
+GRID = {
+    "rpe": {"evaluation": {"mem_len": 0}},
+    "xl_m": {"evaluation": {"mem_len": "m"}},
+    "xl_M": {"evaluation": {"mem_len": "M"}},
+    "trams": {"trams": TRAMS_POOL},
+    "trams_paper": {"trams": {**TRAMS_POOL, "metric": "paper"}},
+    "trams_true_pos": {"trams": {**TRAMS_POOL, "positions": "true"}},
+    "oracle": {"trams": {**TRAMS_POOL, "metric": "oracle"}},
 }
 
 
@@ -246,15 +244,13 @@ def grid(args: argparse.Namespace) -> None:
     values = {"m": args.attended, "M": args.pool, "kept": args.kept}
     rows = []
     for protocol in ("xl", "trams"):
-        for name, knobs in GRID.items():
-            knobs = {k: values.get(v, v) if isinstance(v, str) else v for k, v in knobs.items()}
-            settings = {
-                **model_args,
-                "eval_same_length": False,
-                "eval_clamp_len": 0,
-                **knobs,
-                "protocol": protocol,
+        for name, groups in GRID.items():
+            knobs = {
+                group: {k: values.get(v, v) if isinstance(v, str) else v for k, v in fields.items()}
+                for group, fields in groups.items()
             }
+            plain_evaluation = {"evaluation": {"same_length": False, "clamp_len": 0}, "protocol": protocol}
+            settings = override_groups(override_groups(model_args, plain_evaluation), knobs)
             model = TransformerXLLM(vocab_size=data.vocab_size, **settings)
             model.load_state_dict(state)
             trainer = pl.Trainer(
@@ -317,9 +313,9 @@ def main() -> None:
 
         model = TransformerXLLM.load_from_checkpoint(args.ckpt, map_location="cpu").net
     else:
-        model = TransformerXL(
-            args.vocab, args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0
-        )
+        model = TransformerXL.Config(
+            args.n_layers, args.d_model, args.n_heads, args.d_inner, dropout=0.0
+        ).build(args.vocab)
     model.eval()
     vocab = model.word_emb.n_token
     n_tokens = args.tgt_len * args.segments

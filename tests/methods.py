@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from longctx.core.base import LMBase
+from longctx.core.knob_groups import override_groups
 from longctx.methods import registry
 from tests.lm_fixtures import SyntheticData, WindowData
 
@@ -23,21 +24,23 @@ DATA = {"segments": SyntheticData, "windows": WindowData}  # the synthetic data 
 
 @dataclass(frozen=True)
 class TinyMethod:
-    """build: the module at its smallest (keyword arguments override its knobs); data: the synthetic
-    data module class in the method's batch mode (its tokens are below VOCAB); kernel_knob: the
-    knob choosing its attention kernel ("eager" or "sdpa"), None where it has only the fused one."""
+    """build: the module at its smallest (keyword arguments override its arguments, `tiny`); data: the
+    synthetic data module class in the method's batch mode (its tokens are below VOCAB); kernel_knob:
+    where the knob choosing its attention kernel ("eager" or "sdpa") is (an argument or
+    `group.field`, `knob_groups.at_path`), None where it has only the fused one."""
 
     build: Callable[..., LMBase]
     data: type[SyntheticData]
-    kernel_knob: str | None = "attention"
+    kernel_knob: str | None = "network.attention"
 
 
-def tiny(method: str, **knobs) -> LMBase:
+def tiny(method: str, **arguments) -> LMBase:
     """The registered `method`'s module at its smallest (its entry's `tiny_knobs` on VOCAB symbols);
-    keyword arguments override its knobs."""
+    keyword arguments override its arguments, a knob group's dict only the fields it names
+    (`tiny("transformer_xl", network={"dropout": 0.0}, mem_len=8)`)."""
     entry = registry.METHODS[method]
     tiny_knobs = copy.deepcopy(dict(entry.tiny_knobs))
-    return entry.module_class()(**{"vocab_size": VOCAB, **tiny_knobs, **knobs})
+    return entry.module_class()(**override_groups({"vocab_size": VOCAB, **tiny_knobs}, arguments))
 
 
 # Keyed like `longctx.methods.registry.METHODS` (the method folders).

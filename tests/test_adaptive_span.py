@@ -21,8 +21,7 @@ def net(
     span: str, S: int = 96, R: int = 8, n_layers: int = 2, chunk_size: int = 8, **kwargs
 ) -> SpanTransformer:
     torch.manual_seed(0)
-    model = SpanTransformer(
-        vocab_size=20,
+    model = SpanTransformer.Config(
         d_model=16,
         n_layers=n_layers,
         n_heads=2,
@@ -33,7 +32,7 @@ def net(
         span_ramp=R,
         chunk_size=chunk_size,
         **kwargs,
-    )
+    ).build(20)
     return model.double().eval()
 
 

@@ -26,22 +26,17 @@ from tests.lm_fixtures import SyntheticData, cpu_trainer
 S, H, N_LAYERS = 64, 2, 2
 
 
-def tiny(span: str = "adaptive", span_loss: float = 1e-3, optimizer=None, **kwargs) -> AdaptiveSpanLM:
+def tiny(span: str = "adaptive", span_loss: float = 1e-3, optimizer=None) -> AdaptiveSpanLM:
     torch.manual_seed(0)
+    network = SpanTransformer.Config(
+        d_model=16, n_layers=N_LAYERS, n_heads=H, d_inner=32, attn_span=S, dropout=0.0, span=span,
+        span_ramp=8, chunk_size=8,
+    )  # fmt: skip
     return AdaptiveSpanLM(
         vocab_size=64,
-        d_model=16,
-        n_layers=N_LAYERS,
-        n_heads=H,
-        d_inner=32,
-        attn_span=S,
-        dropout=0.0,
-        span=span,
+        network=network,
         span_loss=span_loss,
-        span_ramp=8,
-        chunk_size=8,
         optimizer=optimizer or partial(torch.optim.SGD, lr=0.1),
-        **kwargs,
     )
 
 
@@ -307,14 +302,12 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
         torch.testing.assert_close(tensor, b.state_dict()[name], rtol=0, atol=0)
 
 
-def test_the_module_from_its_network_group_equals_the_one_from_flat_keywords():
+def test_the_module_saves_its_network_group_as_a_dict_and_reads_it_back():
     torch.manual_seed(0)
     grouped = AdaptiveSpanLM(vocab_size=11, network=NETWORK, eval_span_cap=8)
     torch.manual_seed(0)
-    flat = AdaptiveSpanLM(
-        vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16, eval_span_cap=8
-    )
-    assert grouped.hparams == flat.hparams
+    from_dict = AdaptiveSpanLM(vocab_size=11, network=dataclasses.asdict(NETWORK), eval_span_cap=8)
+    assert grouped.hparams == from_dict.hparams
     network = {
         k: v
         for k, v in OLD_FLAT_HPARAMS.items()
@@ -327,12 +320,11 @@ def test_the_module_from_its_network_group_equals_the_one_from_flat_keywords():
         "eval_span_cap": 8,
         "tbptt_segments": 1,
     }
-    assert grouped.net.config == flat.net.config == NETWORK
-    assert_same_weights(grouped, flat)
-    # A flat keyword overrides the group's field; the group given as a dict (a checkpoint's) is read too.
-    assert AdaptiveSpanLM(vocab_size=11, network=NETWORK, span="fixed").net.config.span == "fixed"
-    assert AdaptiveSpanLM(vocab_size=11, network=dataclasses.asdict(NETWORK)).net.config == NETWORK
-    with pytest.raises(TypeError, match="AdaptiveSpanLM\\(\\) got an unexpected keyword argument 'mem_len'"):
+    assert grouped.net.config == from_dict.net.config == NETWORK
+    assert_same_weights(grouped, from_dict)
+    with pytest.raises(
+        TypeError, match=r"AdaptiveSpanLM.__init__\(\) got an unexpected keyword argument 'mem_len'"
+    ):
         AdaptiveSpanLM(vocab_size=11, mem_len=4)
 
 
@@ -342,7 +334,7 @@ def test_the_state_dict_keys_are_those_of_before_the_groups():
 
 def test_a_checkpoint_with_the_flat_hparams_of_before_loads(tmp_path):
     torch.manual_seed(0)
-    saved = AdaptiveSpanLM(**{k: v for k, v in OLD_FLAT_HPARAMS.items() if not k.startswith("_")})
+    saved = AdaptiveSpanLM(vocab_size=11, network=NETWORK, span_loss=5e-07)  # OLD_FLAT_HPARAMS' values
     path = tmp_path / "old.ckpt"
     torch.save(
         {"state_dict": saved.state_dict(), "hyper_parameters": OLD_FLAT_HPARAMS,
@@ -355,16 +347,13 @@ def test_a_checkpoint_with_the_flat_hparams_of_before_loads(tmp_path):
     assert_same_weights(loaded, saved)
 
 
-def test_the_network_config_builds_the_network_of_its_fields():
+def test_the_network_config_builds_the_network():
     torch.manual_seed(0)
     built = NETWORK.build(11)
     torch.manual_seed(0)
-    named = SpanTransformer(vocab_size=11, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16)
-    torch.manual_seed(0)
-    positional = SpanTransformer(11, 8, 2, 2, 16, 16, 0.3)  # the order of before: d_model .. dropout
-    assert built.config == named.config == positional.config == NETWORK
-    assert_same_weights(built, named)
-    assert_same_weights(built, positional)
+    constructed = SpanTransformer(11, NETWORK)
+    assert built.config == constructed.config == NETWORK
+    assert_same_weights(built, constructed)
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,7 @@ def flags(settings: dict) -> list[str]:
 
 def direct_val_loss(root: Path, **settings) -> float:
     """The same weights in a model built with `settings`, validated with a plain Trainer."""
-    model = TransformerXLLM(vocab_size=256, **ARCH, **settings)
+    model = TransformerXLLM(vocab_size=256, **config_init_args(TransformerXLLM, {**ARCH, **settings}))
     state = torch.load(root / "runs/train/checkpoints/last.ckpt", weights_only=True)["state_dict"]
     model.load_state_dict(state)
     data = LMDataModule(**DATA, cache_dir=str(root / "cache"))

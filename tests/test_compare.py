@@ -228,7 +228,10 @@ def test_recurrent_gpt2_takes_the_gpt2_of_a_lightning_checkpoint_as_pretrained(t
     window.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "last.ckpt")
     recurrent = RecurrentGPT2LM(
-        vocab_size=64, pretrained=str(tmp_path / "last.ckpt"), recurrence=True, insert_layer=1
+        vocab_size=64,
+        pretrained=str(tmp_path / "last.ckpt"),
+        recurrence=True,
+        window_recurrence={"insert_layer": 1},
     )
     assert recurrent.lm.training  # fine-tuned with dropout on
     x = torch.randint(0, 64, (2, 16))

@@ -37,8 +37,8 @@ VOCAB = 30
 def xl_and_compressive(**compressive) -> tuple[TransformerXL, CompressiveTransformer]:
     """A Transformer-XL and a Compressive Transformer holding the same weights (double, eval)."""
     torch.manual_seed(0)
-    xl = TransformerXL(VOCAB, **SIZES).double().eval()
-    ct = CompressiveTransformer(VOCAB, **compressive, **SIZES).double().eval()
+    xl = TransformerXL.Config(**SIZES).build(VOCAB).double().eval()
+    ct = CompressiveTransformer.Config(**compressive, **SIZES).build(VOCAB).double().eval()
     missing, unexpected = ct.load_state_dict(xl.state_dict(), strict=False)
     assert not unexpected and all(k.startswith("compressors.") for k in missing)
     return xl, ct
@@ -158,9 +158,9 @@ def test_the_key_value_cache_gives_the_uncached_outputs_and_memories(compression
     partial memories, compression, a trimmed compressed memory and a reset row; the caches hold the
     layers' own projections of the slots."""
     torch.manual_seed(0)
-    ct = CompressiveTransformer(
-        VOCAB, compression=compression, compression_rate=2, pre_lnorm=pre_lnorm, **SIZES
-    )
+    ct = CompressiveTransformer.Config(
+        compression=compression, compression_rate=2, pre_lnorm=pre_lnorm, **SIZES
+    ).build(VOCAB)
     ct = ct.double().eval()
     lengths = dict(mem_len=4, cmem_len=3, clamp_len=5, same_length=same_length)
     plain, cached = ct.empty_memory(2), ct.empty_memory(2)
@@ -187,7 +187,8 @@ def test_the_key_value_cache_gives_the_uncached_outputs_and_memories(compression
 
 
 def test_the_module_evaluates_with_the_cache_by_default_and_equally_without_it():
-    cached, plain = tiny(eval_cmem_len=3).eval(), tiny(eval_cmem_len=3, eval_cache_kv=False).eval()
+    cached = tiny(evaluation={"cmem_len": 3}).eval()
+    plain = tiny(evaluation={"cmem_len": 3, "cache_kv": False}).eval()
     assert (cached.eval_cache_kv, plain.eval_cache_kv) == (True, False)
     g = torch.Generator().manual_seed(0)
     memories = [model.init_memory(2) for model in (cached, plain)]
@@ -213,7 +214,11 @@ def gradients(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Ten
 @pytest.mark.parametrize("reconstruction", ["attention", "autoencoding"])
 def test_reconstruction_loss_leaves_main_gradients_unchanged_and_reaches_only_f_c(reconstruction):
     torch.manual_seed(0)
-    ct = CompressiveTransformer(VOCAB, compression_rate=2, reconstruction=reconstruction, **SIZES).double()
+    ct = (
+        CompressiveTransformer.Config(compression_rate=2, reconstruction=reconstruction, **SIZES)
+        .build(VOCAB)
+        .double()
+    )
     stream = segments(4)
     memory = ct.empty_memory(2)
     with torch.no_grad():
@@ -244,7 +249,7 @@ def test_reconstruction_loss_leaves_main_gradients_unchanged_and_reaches_only_f_
 
 def test_reconstruction_is_a_zero_tied_to_f_c_before_anything_is_compressed():
     torch.manual_seed(0)
-    ct = CompressiveTransformer(VOCAB, compression_rate=2, **SIZES)
+    ct = CompressiveTransformer.Config(compression_rate=2, **SIZES).build(VOCAB)
     out = ct(segments(1)[0], ct.empty_memory(2), mem_len=4, cmem_len=2, need_reconstruction=True)
     assert out.reconstruction_loss.item() == 0
     out.reconstruction_loss.backward()  # every f_c parameter gets a (zero) gradient: DDP needs one
@@ -334,10 +339,14 @@ def test_flops_counted_by_hand():
     # compressed per segment are, once: 2·8·8·2/4 = 64.
     cached = macs_per_token(config("conv", 2), 10, lengths, 4, cache_kv=True)
     assert cached == 2 * (1168 - 192 + 64) + 80
-    sizes = dict(vocab_size=10, n_layers=2, d_model=8, n_heads=2, d_inner=16, mem_len=9, cmem_len=9)
-    knobs = dict(eval_mem_len=4, eval_cmem_len=2, compression_rate=2)
-    assert CompressiveTransformerLM(**sizes, **knobs).flops_per_token(4) == 2 * cached  # the cache: on
-    assert CompressiveTransformerLM(**sizes, **knobs, eval_cache_kv=False).flops_per_token(4) == 2 * conv
+    network = dict(n_layers=2, d_model=8, n_heads=2, d_inner=16, compression_rate=2)
+    sizes = dict(vocab_size=10, network=network, mem_len=9, cmem_len=9)
+    evaluation = dict(mem_len=4, cmem_len=2)
+    assert (
+        CompressiveTransformerLM(**sizes, evaluation=evaluation).flops_per_token(4) == 2 * cached
+    )  # cache: on
+    uncached = CompressiveTransformerLM(**sizes, evaluation={**evaluation, "cache_kv": False})
+    assert uncached.flops_per_token(4) == 2 * conv
 
 
 @pytest.mark.parametrize("cache_kv", [False, True], ids=["projected again", "key/value cache"])
@@ -347,7 +356,7 @@ def test_flops_are_what_an_evaluation_step_computes(cache_kv):
     module's count per token: without the cache the memories' keys and values are projected again,
     with it only the n/c newly compressed states. The reconstruction loss, logged at evaluation, is
     left out of both (flops.py)."""
-    lm = tiny(attention="eager", eval_cache_kv=cache_kv).eval()  # n_m 8, n_cm 4, c 2
+    lm = tiny(network={"attention": "eager"}, evaluation={"cache_kv": cache_kv}).eval()  # n_m 8, n_cm 4, c 2
     n = 8
     memory = lm.init_memory(1)
     x = torch.randint(0, lm.vocab_size, (1, 4 * n)).split(n, dim=1)
@@ -368,7 +377,7 @@ def tiny(**kwargs) -> CompressiveTransformerLM:
 
 
 def test_module_evaluates_with_its_own_memory_sizes():
-    model = tiny(eval_mem_len=6, eval_cmem_len=3, log_compressed_attention=True).eval()
+    model = tiny(evaluation={"mem_len": 6, "cmem_len": 3}, log_compressed_attention=True).eval()
     batch = {"input": torch.randint(0, 64, (2, 4)), "target": torch.randint(0, 64, (2, 4))}
     memory = model.init_memory(2)
     with torch.no_grad():
@@ -411,9 +420,12 @@ def test_lightning_fit_and_validate_log_the_reconstruction_and_compressed_attent
     ("knobs", "message"),
     [
         (dict(cmem_len=-1), "cmem_len must be >= 0"),
-        (dict(eval_mem_len=-2, eval_cmem_len=-1), "eval_mem_len, eval_cmem_len must be >= 0"),
-        (dict(compression_rate=0), r"compression_rate \(c\) must be >= 1, got 0"),
-        (dict(reconstruction="bptt"), "reconstruction must be 'attention' or 'autoencoding', got 'bptt'"),
+        (dict(evaluation={"mem_len": -2, "cmem_len": -1}), "eval_mem_len, eval_cmem_len must be >= 0"),
+        (dict(network={"compression_rate": 0}), r"compression_rate \(c\) must be >= 1, got 0"),
+        (
+            dict(network={"reconstruction": "bptt"}),
+            "reconstruction must be 'attention' or 'autoencoding', got 'bptt'",
+        ),
     ],
 )
 def test_bad_knobs_are_one_line_errors_naming_them(knobs, message):
@@ -518,19 +530,13 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert torch.equal(tensor, b.state_dict()[name]), name
 
 
-def test_the_module_from_its_groups_equals_the_one_from_flat_keywords():
+def test_the_module_saves_its_groups_as_dicts():
     grouped = grouped_tiny()
-    torch.manual_seed(0)
-    flat = CompressiveTransformerLM(**FLAT_KNOBS)
-    assert grouped.hparams == flat.hparams
     assert grouped.hparams["network"]["compression_rate"] == 2 and "compression_rate" not in grouped.hparams
     assert grouped.hparams["evaluation"] == dict(
         mem_len=None, cmem_len=6, clamp_len=None, same_length=None, cache_kv=True
     )
-    assert grouped.net.config == flat.net.config
-    assert (grouped.eval_lengths, grouped.train_lengths) == (flat.eval_lengths, flat.train_lengths)
     assert grouped.eval_lengths == CompressiveLengths(mem_len=8, cmem_len=6, clamp_len=0, same_length=False)
-    assert_same_weights(grouped, flat)
 
 
 def test_a_checkpoint_with_the_flat_hyperparameters_of_before_loads(tmp_path):
@@ -541,23 +547,17 @@ def test_a_checkpoint_with_the_flat_hyperparameters_of_before_loads(tmp_path):
          "pytorch-lightning_version": lightning.__version__},
         path,
     )  # fmt: skip
-    loaded = CompressiveTransformerLM.load_from_checkpoint(path, eval_mem_len=5)
+    loaded = CompressiveTransformerLM.load_from_checkpoint(path, evaluation={"mem_len": 5})
     assert loaded.net.config == model.net.config
     assert loaded.eval_lengths == CompressiveLengths(mem_len=5, cmem_len=6, clamp_len=0, same_length=False)
     assert loaded.hparams == {**model.hparams, "evaluation": {**model.hparams["evaluation"], "mem_len": 5}}
     assert_same_weights(loaded, model)
-    # Saved with the groups, a flat keyword still overrides its field at loading.
+    # Saved with the groups, a group's dict overrides only the fields it names at loading.
     torch.save({**torch.load(path, weights_only=True), "hyper_parameters": dict(model.hparams)}, path)
-    again = CompressiveTransformerLM.load_from_checkpoint(path, eval_cmem_len=9, compression_lr=1e-4)
-    assert again.eval_lengths == CompressiveLengths(mem_len=8, cmem_len=9, clamp_len=0, same_length=False)
-    # The flat attribute names of before read and set the same two lengths.
-    assert (again.mem_len, again.cmem_len, again.eval_mem_len, again.eval_cmem_len) == (8, 4, 8, 9)
-    again.eval_cmem_len, again.mem_len = 12, 6
-    assert (again.eval_lengths.cmem_len, again.train_lengths.mem_len, again.eval_lengths.mem_len) == (
-        12,
-        6,
-        8,
+    again = CompressiveTransformerLM.load_from_checkpoint(
+        path, evaluation={"cmem_len": 9}, compression_lr=1e-4
     )
+    assert again.eval_lengths == CompressiveLengths(mem_len=8, cmem_len=9, clamp_len=0, same_length=False)
     assert again.net.config == model.net.config and again.compression_lr == 1e-4
     assert_same_weights(again, model)
 
@@ -566,19 +566,14 @@ def test_the_state_dict_keys_are_those_recorded_before_the_groups():
     assert list(grouped_tiny().state_dict()) == STATE_KEYS.read_text().split()
 
 
-def test_config_build_equals_the_network_from_its_fields():
+def test_config_build_equals_the_network_from_its_config():
     config = grouped_tiny().net.config
     assert isinstance(config, TransformerXL.Config) and config.cutoffs == (8, 32)
     nets = []
     for build in (
         lambda: config.build(64),
         lambda: CompressiveTransformer(64, config),
-        lambda: CompressiveTransformer(64, 2, 16, 2, 32, dropout=0.0, cutoffs=[8, 32], div_val=2,
-                                       compression_rate=2, reconstruction="autoencoding"),
-        # the form before the Config: the compression's fields first, XL's by keyword
-        lambda: CompressiveTransformer(64, "conv", 2, "autoencoding", n_layers=2, d_model=16, n_heads=2,
-                                       d_inner=32, dropout=0.0, cutoffs=[8, 32], div_val=2),
-    ):  # fmt: skip
+    ):
         torch.manual_seed(0)
         nets.append(build())
     for net in nets[1:]:

@@ -131,8 +131,8 @@ def test_a_span_cap_of_c_reads_what_a_span_of_c_reads():
     """A fixed-span model (S = 16) capped at 8 equals the same weights with S = 8 (key_pe's last 8
     columns); with no cap it differs."""
     torch.manual_seed(0)
-    wide = tiny("adaptive_span", span="fixed", attn_span=16, dropout=0.0).eval()
-    narrow = tiny("adaptive_span", span="fixed", attn_span=8, dropout=0.0).eval()
+    wide = tiny("adaptive_span", network={"span": "fixed", "attn_span": 16, "dropout": 0.0}).eval()
+    narrow = tiny("adaptive_span", network={"span": "fixed", "attn_span": 8, "dropout": 0.0}).eval()
     state = wide.state_dict()
     state["net.key_pe"] = state["net.key_pe"][:, -8:]
     narrow.load_state_dict(state)
@@ -143,7 +143,7 @@ def test_a_span_cap_of_c_reads_what_a_span_of_c_reads():
 
 def test_the_span_cap_is_an_evaluation_knob_of_adaptive_spans():
     torch.manual_seed(0)
-    model = tiny("adaptive_span", span_init=1.0, span_ramp=4, dropout=0.0).eval()
+    model = tiny("adaptive_span", network={"span_init": 1.0, "span_ramp": 4, "dropout": 0.0}).eval()
     blocks = torch.randint(0, 64, (2, 32))
     torch.testing.assert_close(block_logits(model, blocks, span_cap=32), block_logits(model, blocks))
     assert not torch.allclose(block_logits(model, blocks, span_cap=4), block_logits(model, blocks), atol=1e-4)
@@ -288,9 +288,9 @@ def test_an_axis_or_length_the_model_cannot_take_is_one_line(xl_checkpoint):
 
 
 TINY = {
-    "window": lambda: tiny("window_transformer", n_layers=1),  # window 16
+    "window": lambda: tiny("window_transformer", network={"n_layers": 1}),  # window 16
     "span": lambda: tiny("adaptive_span"),  # S = 32
-    "trams": lambda: tiny("transformer_xl", trams_attended=8, trams_kept=4),  # pool 16
+    "trams": lambda: tiny("transformer_xl", trams={"attended": 8, "kept": 4}),  # pool 16
     "gpt2": lambda: tiny("recurrence"),  # n_positions 32
 }
 
@@ -342,7 +342,7 @@ def test_lengths_whose_memory_cannot_fit_are_refused_before_anything_is_allocate
 def test_the_estimate_covers_the_memory_a_transformer_xl_evaluation_holds():
     """The dominant term is real: the buffers of the evaluation's key/value cache (and carried states)
     after two segments at memory 512 lie within the estimate, and are most of it."""
-    model = tiny("transformer_xl", eval_mem_len=512).eval()
+    model = tiny("transformer_xl", evaluation={"mem_len": 512}).eval()
     data = SimpleNamespace(eval_batch_size=2, eval_tgt_len=16)
     memory = model.init_memory(2)
     tokens = torch.randint(0, 64, (2, 16))
@@ -509,8 +509,8 @@ def test_the_compressive_transformer_sweeps_its_compressed_memory_then_its_memor
     from longctx.diagnostics.axes import default_axis
     from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
 
-    model = CompressiveTransformerLM(vocab_size=64, n_layers=1, d_model=16, n_heads=2, d_inner=32,
-                                     mem_len=8, cmem_len=16, compression_rate=2)  # fmt: skip
+    network = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_inner": 32, "compression_rate": 2}
+    model = CompressiveTransformerLM(vocab_size=64, network=network, mem_len=8, cmem_len=16)
     data = LMDataModule("sample", cache_dir=str(tmp_path), tgt_len=8)
     assert default_axis(model, data).name == "compressed"
     assert axis_named("compressed").lengths_for(model, data, None) == [0, 4, 8, 12, 16]

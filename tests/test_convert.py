@@ -159,9 +159,12 @@ def test_adaptive_span_unseen_bytes_have_probability_zero(adaptive_ckpt):
 
 def test_adaptive_span_checkpoint_keeps_the_architecture_and_loads_into_the_network_group(adaptive_ckpt):
     """The converted checkpoint's hyperparameters: the sizes and R (which their checkpoint does not
-    store) by flat name, none of the module's evaluation knobs; they load into the network group."""
+    store) in the network group, none of the module's evaluation knobs."""
     hparams = torch.load(adaptive_ckpt, weights_only=True)["hyper_parameters"]
-    assert hparams["span_ramp"] == 8 and hparams["attn_span"] == 256 and "eval_span_cap" not in hparams
+    assert hparams["network"] == dict(
+        d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span="adaptive", span_ramp=8
+    )
+    assert set(hparams) == {"_class_path", "vocab_size", "network"}
     model = AdaptiveSpanLM.load_from_checkpoint(adaptive_ckpt, eval_span_cap=64)
     sizes = dict(d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_ramp=8, span="adaptive")
     assert {key: getattr(model.net.config, key) for key in sizes} == sizes
@@ -171,9 +174,8 @@ def test_adaptive_span_checkpoint_keeps_the_architecture_and_loads_into_the_netw
 @pytest.mark.slow
 def test_adaptive_span_checkpoint_runs_through_lightning_test(adaptive_ckpt):
     """`trainer.test(ckpt_path=DEST)` (what `python -m longctx test --ckpt_path` calls) restores it."""
-    model = AdaptiveSpanLM(
-        vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_ramp=8
-    )
+    network = dict(d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_ramp=8)
+    model = AdaptiveSpanLM(vocab_size=256, network=network)
     trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     loader = Batches(adaptive_blocks())
     metrics = trainer.test(model, dataloaders=loader, ckpt_path=str(adaptive_ckpt), verbose=False)[0]
@@ -265,9 +267,8 @@ def xl_nll(
     ckpt: Path, stream: torch.Tensor, protocol: str, same_length: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-token NLL (48,) and scored mask over 3 segments of 16 (bsz 1), memory 16, as the fixture."""
-    model = TransformerXLLM.load_from_checkpoint(
-        ckpt, eval_mem_len=SEGMENT, eval_same_length=same_length, protocol=protocol
-    ).eval()
+    evaluation = {"mem_len": SEGMENT, "same_length": same_length}
+    model = TransformerXLLM.load_from_checkpoint(ckpt, evaluation=evaluation, protocol=protocol).eval()
     memory, nll, mask = model.init_memory(1), [], []
     with torch.no_grad():
         for i in range(3):
@@ -453,7 +454,7 @@ def test_converted_checkpoint_evaluates_through_the_cli(tmp_path, monkeypatch):
     args = ["test", "--config", str(tmp_path / "transfo-xl-hf-div2.yaml"), "--ckpt_path", str(dest), *flags]
     args += ["--trainer.limit_test_batches", "3", "--trainer.logger", "false", "--run_name", "cli"]
     cli = cli_main(args)
-    model = TransformerXLLM.load_from_checkpoint(dest, eval_mem_len=SEGMENT)
+    model = TransformerXLLM.load_from_checkpoint(dest, evaluation={"mem_len": SEGMENT})
     trainer = Trainer(accelerator="cpu", logger=False, limit_test_batches=3, enable_progress_bar=False)
     direct = trainer.test(model, datamodule=LMDataModule(**data), verbose=False)[0]["test/loss"]
     assert float(cli.trainer.callback_metrics["test/loss"]) == pytest.approx(direct, rel=RTOL)

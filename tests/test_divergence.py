@@ -249,7 +249,7 @@ def test_a_loss_made_non_finite_outside_the_modules_and_weights_non_finite_from_
 
 def poisoned_xl():
     """A tiny Transformer-XL whose second block's feed-forward outputs NaN from the 3rd step on."""
-    model = tiny("transformer_xl", dropout=0.0)
+    model = tiny("transformer_xl", network={"dropout": 0.0})
     poisoned = model.net.layers[1].ff
     poisoned.register_forward_hook(
         lambda module, args, out: out * math.nan if model.global_step >= 2 else None

@@ -32,7 +32,7 @@ XL_SIZES = {"n_layers": 2, "d_model": 12, "n_heads": 3, "d_inner": 20, "dropout"
 def xl_network(**kwargs) -> TransformerXL:
     """Weights N(0, 0.3) (not the code's 0.02): scores of order 1, so that every term shows."""
     torch.manual_seed(0)
-    return TransformerXL(VOCAB, **XL_SIZES, init_std=0.3, proj_init_std=0.3, **kwargs)
+    return TransformerXL.Config(**XL_SIZES, init_std=0.3, proj_init_std=0.3, **kwargs).build(VOCAB)
 
 
 def use_kernel(model: torch.nn.Module, attention: str) -> None:
@@ -310,7 +310,9 @@ def test_xl_flex_compiles_once_per_shape():
 def test_compressive_transformer_evaluation_flex_equals_eager():
     """The Compressive Transformer's layers ([compressed; memory; segment] keys, same_length) by flex."""
     torch.manual_seed(0)
-    model = CompressiveTransformer(VOCAB, **XL_SIZES, compression="conv", compression_rate=2).eval()
+    model = (
+        CompressiveTransformer.Config(**XL_SIZES, compression="conv", compression_rate=2).build(VOCAB).eval()
+    )
     tokens = torch.randint(0, VOCAB, (2, 18), generator=torch.Generator().manual_seed(6))
     hidden = {}
     for kernel in ("eager", "flex"):
@@ -368,8 +370,7 @@ def span_network(
 ) -> SpanTransformer:
     """z_ratio: every layer's z' per head (None: the initial ones)."""
     torch.manual_seed(0)
-    model = SpanTransformer(
-        vocab_size=VOCAB,
+    model = SpanTransformer.Config(
         d_model=16,
         n_layers=2,
         n_heads=2,
@@ -380,7 +381,7 @@ def span_network(
         span_ramp=8,
         chunk_size=8,
         **kwargs,
-    )
+    ).build(VOCAB)
     if z_ratio is not None:
         with torch.no_grad():
             for layer in model.layers:
@@ -525,13 +526,12 @@ def test_fused_band_attention_drops_normalised_probabilities():
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_the_modules_hand_the_knob_to_every_layer(attention):
     """`model.init_args.network.attention` of the configs reaches every attention layer."""
-    xl = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention=attention)
-    flex = TransformerXLLM(vocab_size=30, n_layers=2, d_model=8, n_heads=2, d_inner=16, attention="flex")
+    sizes = {"n_layers": 2, "d_model": 8, "n_heads": 2, "d_inner": 16}
+    xl = TransformerXLLM(vocab_size=30, network={**sizes, "attention": attention})
+    flex = TransformerXLLM(vocab_size=30, network={**sizes, "attention": "flex"})
     assert [layer.attn.attention for layer in flex.net.layers] == ["flex"] * 2
-    span = AdaptiveSpanLM(vocab_size=30, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16)
+    span = AdaptiveSpanLM(vocab_size=30, network={**sizes, "attn_span": 16})
     assert span.net.layers[0].attn.attention == "sdpa"  # the default
-    span = AdaptiveSpanLM(
-        vocab_size=30, d_model=8, n_layers=2, n_heads=2, d_inner=16, attn_span=16, attention=attention
-    )
+    span = AdaptiveSpanLM(vocab_size=30, network={**sizes, "attn_span": 16, "attention": attention})
     assert [layer.attn.attention for layer in xl.net.layers] == [attention] * 2
     assert [layer.attn.attention for layer in span.net.layers] == [attention] * 2

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from longctx.callbacks.compile import compile_network
 from longctx.core.base import LMBase, detach_memory
+from longctx.core.knob_groups import at_path, override_groups
 from longctx.methods.transformer_xl.trams import TramsSettings
 from tests.environment import cuda_missing
 from tests.lm_fixtures import cpu_trainer
@@ -141,13 +142,13 @@ def test_fused_attention_equals_eager_for_every_method(method, kernel, device, m
     if knob is None:
         pytest.skip(f"{method} has only the fused (SDPA) attention: no eager path to compare")
     try:
-        TINY[method].build(**{knob: kernel})
+        TINY[method].build(**at_path(knob, kernel))
     except (ValueError, KeyError) as err:
         pytest.skip(f"{method}: {knob}={kernel!r} is not accepted in this tree ({err})")
     # CUDA's flex kernel needs a head dimension of 16 (attention_kernel.FLEX_CUDA_MIN_HEAD_DIM): d_model 32.
-    wider = {"d_model": 32} if kernel == "flex" and device == "cuda" else {}
-    eager = tiny(method, device, **{knob: "eager"}, **wider)
-    fused = tiny(method, device, **{knob: kernel}, **wider)
+    wider = {"network": {"d_model": 32}} if kernel == "flex" and device == "cuda" else {}
+    eager = tiny(method, device, **override_groups(at_path(knob, "eager"), wider))
+    fused = tiny(method, device, **override_groups(at_path(knob, kernel), wider))
     fused.load_state_dict(eager.state_dict())
     data = batches(eager, device)
     assert_same_runs(run(eager, data, train=False), run(fused, data, train=False))

@@ -1,4 +1,6 @@
-"""Knob groups (`longctx.core.knob_groups`): a module's knobs as dataclasses, from dicts and flat keywords."""
+"""Knob groups (`longctx.core.knob_groups`): a module's knobs as dataclasses or dicts of their fields; the
+flat names of checkpoints saved before the groups moved into them where a checkpoint is read, and
+refused, naming the group, where a module is built."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 
 from longctx.core.base import LMBase
-from longctx.core.knob_groups import as_group, network_config
+from longctx.core.knob_groups import as_group, override_groups
 from longctx.methods.transformer_xl.network import TransformerXL
 
 
@@ -42,9 +44,8 @@ class Knobbed(LMBase):
         evaluation: Evaluation = Evaluation(),
         selection: Selection | None = None,
         protocol: str = "xl",
-        **flat,
     ) -> None:
-        groups = self.fold_knobs(dict(network=network, evaluation=evaluation, selection=selection), flat)
+        groups = self.read_groups(dict(network=network, evaluation=evaluation, selection=selection))
         network, evaluation, selection = groups["network"], groups["evaluation"], groups["selection"]
         super().__init__(vocab_size=vocab_size)
         self.save_hyperparameters()
@@ -52,31 +53,65 @@ class Knobbed(LMBase):
         self.layer = torch.nn.Linear(network.d_model, network.d_model)
 
 
-def test_flat_keywords_land_in_their_groups_after_the_prefix():
-    model = Knobbed(d_model=4, eval_mem_len=7, protocol="trams")
+def test_groups_are_read_from_dataclasses_or_dicts_and_default_when_required():
+    model = Knobbed(network={"d_model": 4}, evaluation=Evaluation(mem_len=7), protocol="trams")
     assert model.groups["network"] == Sizes(d_model=4, n_layers=2)
     assert model.groups["evaluation"] == Evaluation(mem_len=7)
     assert model.groups["selection"] is None
+    assert Knobbed(network=None).groups["network"] == Sizes()  # a required group: its defaults
 
 
-def test_an_optional_group_is_switched_on_only_by_its_required_fields():
+def test_a_flat_keyword_is_refused_in_one_line_naming_its_group():
+    with pytest.raises(TypeError) as refused:
+        Knobbed(network={"d_model": 4}, eval_mem_len=7, sel_attended=3)
+    assert str(refused.value) == (
+        "Knobbed() takes its knobs in groups: eval_mem_len is evaluation.mem_len "
+        "(evaluation={'mem_len': ...}); sel_attended is selection.attended (selection={'attended': ...})"
+    )
+    with pytest.raises(TypeError, match=r"Knobbed.__init__\(\) got an unexpected keyword argument 'mem_len'"):
+        Knobbed(mem_len=3)  # evaluation's field, but only under its prefix: Python's own refusal
+
+
+def test_the_upgrade_moves_flat_keys_into_their_groups_after_the_prefix():
+    saved = {"_class_path": "x.Knobbed", "vocab_size": 5, "d_model": 4, "n_layers": 3, "eval_mem_len": 7,
+             "eval_same_length": None, "protocol": "trams"}  # fmt: skip
+    assert Knobbed.upgrade_hyperparameters(saved) == {
+        "_class_path": "x.Knobbed",
+        "vocab_size": 5,
+        "network": {"d_model": 4, "n_layers": 3},
+        "evaluation": {"mem_len": 7, "same_length": None},
+        "protocol": "trams",
+    }
+    grouped = {"vocab_size": 5, "network": {"d_model": 4, "n_layers": 2}, "selection": None}
+    assert Knobbed.upgrade_hyperparameters(grouped) == grouped  # nothing flat: unchanged
+    with pytest.raises(
+        ValueError, match=r"^the checkpoint's hyperparameter 'mem_len' is neither an argument"
+    ):
+        Knobbed.upgrade_hyperparameters({"mem_len": 3})  # dropped in silence it would change the model
+
+
+def test_the_upgrade_switches_an_optional_group_on_only_by_its_required_fields():
     # Checkpoints of earlier versions hold every flat knob, the switch None among them: still off.
-    assert Knobbed(sel_attended=None, sel_metric="code").groups["selection"] is None
-    assert Knobbed(sel_attended=3).groups["selection"] == Selection(attended=3)
-    on = Knobbed(selection={"attended": 2, "metric": "paper"}, sel_metric="oracle")
-    assert on.groups["selection"] == Selection(attended=2, metric="oracle")  # flat overrides the group
+    upgrade = Knobbed.upgrade_hyperparameters
+    assert upgrade({"sel_attended": None, "sel_metric": "code"})["selection"] is None
+    assert upgrade({"sel_attended": 3})["selection"] == {"attended": 3}
+    on = upgrade({"selection": {"attended": 2, "metric": "paper"}, "sel_metric": "oracle"})
+    assert on["selection"] == {"attended": 2, "metric": "oracle"}  # a flat key overrides the group's field
 
 
-def test_an_unknown_keyword_is_refused_as_python_refuses_it():
-    with pytest.raises(TypeError, match="Knobbed\\(\\) got an unexpected keyword argument 'mem_len'"):
-        Knobbed(mem_len=3)  # evaluation's field, but only under its prefix
+def test_a_groups_dict_overrides_only_the_fields_it_names():
+    saved = {"network": {"d_model": 4, "n_layers": 2}, "selection": None, "protocol": "xl"}
+    merged = override_groups(
+        saved, {"network": {"n_layers": 3}, "selection": {"attended": 1}, "protocol": "t"}
+    )
+    assert merged == {"network": {"d_model": 4, "n_layers": 3}, "selection": {"attended": 1}, "protocol": "t"}
+    assert override_groups(saved, {"network": Sizes(d_model=8)})["network"] == Sizes(d_model=8)  # replaced
 
 
 def test_groups_are_saved_as_plain_dicts_and_load_back():
-    model = Knobbed(d_model=4, eval_mem_len=7, selection=Selection(attended=3))
+    model = Knobbed(network={"d_model": 4}, evaluation={"mem_len": 7}, selection=Selection(attended=3))
     assert model.hparams["network"] == {"d_model": 4, "n_layers": 2}
     assert model.hparams["selection"] == {"attended": 3, "metric": "code"}
-    assert "d_model" not in model.hparams and "eval_mem_len" not in model.hparams  # folded, not repeated
     buffer = io.BytesIO()
     torch.save({"hyper_parameters": dict(model.hparams)}, buffer)
     buffer.seek(0)
@@ -105,16 +140,16 @@ def test_as_group_reads_a_dataclass_a_dict_or_none():
         as_group(Sizes, 3)
 
 
-def test_a_network_takes_its_config_or_its_fields_alike():
+def test_a_network_takes_its_config():
     config = TransformerXL.Config(n_layers=2, d_model=16, n_heads=2, d_inner=32, cutoffs=[4, 8])
     assert config.cutoffs == (4, 8)  # frozen: lists become tuples
     torch.manual_seed(0)
     built = config.build(20)
     torch.manual_seed(0)
-    positional = TransformerXL(20, 2, 16, 2, 32, cutoffs=[4, 8])
-    assert built.config == positional.config == network_config(TransformerXL.Config, (config,), {})
-    assert built.state_dict().keys() == positional.state_dict().keys()
+    constructed = TransformerXL(20, config)
+    assert built.config == constructed.config == config
+    assert built.state_dict().keys() == constructed.state_dict().keys()
     for name, tensor in built.state_dict().items():
-        torch.testing.assert_close(tensor, positional.state_dict()[name], rtol=0, atol=0)
+        torch.testing.assert_close(tensor, constructed.state_dict()[name], rtol=0, atol=0)
     with pytest.raises(ValueError, match="must be even"):
         TransformerXL.Config(d_model=15)

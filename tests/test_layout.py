@@ -117,7 +117,6 @@ SHARED_METHOD_PARTS = {
     "longctx/methods/transformer_xl/memory.py": {
         "XLMemory",
         "MemoryLengths",
-        "length_attributes",
         "SegmentMemory",
     },
     "longctx/methods/transformer_xl/flops.py": {"macs_per_token"},

@@ -45,7 +45,7 @@ def tokens(*shape: int) -> torch.Tensor:
 )
 def test_adaptive_span_on_meta(span, span_trim):
     with META:
-        net = SpanTransformer(50, 32, 2, 4, 64, 128, dropout=0.1, span=span, span_trim=span_trim)
+        net = SpanTransformer.Config(32, 2, 4, 64, 128, dropout=0.1, span=span, span_trim=span_trim).build(50)
     x = tokens(2, 16)
     with NoHostTensors():
         out = net(x, net.init_cache(2, device=META))
@@ -64,7 +64,7 @@ def test_adaptive_span_on_meta(span, span_trim):
 @pytest.mark.parametrize("cache_kv", [False, True])
 def test_transformer_xl_and_trams_on_meta(trams, cache_kv):
     with META:
-        net = TransformerXL(50, 2, 32, 4, 64, dropout=0.1)
+        net = TransformerXL.Config(2, 32, 4, 64, dropout=0.1).build(50)
     x = tokens(2, 8)
     memory = net.zero_memory(2, 16) if trams else net.empty_memory(2)
     with NoHostTensors():
@@ -86,7 +86,7 @@ def test_recurrent_gpt2_on_meta(backward, lean, monkeypatch):
     )
     with META:
         lm = GPT2LMHeadModel(config)
-        recurrence = WindowRecurrence(32, 3)
+        recurrence = WindowRecurrence.Config().build(32, 3)
     register_recurrence_attention()
     lm.set_attn_implementation(RECURRENCE_SDPA)
     if lean:

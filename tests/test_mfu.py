@@ -98,7 +98,7 @@ def test_rows_run_by_tier_and_each_method_gets_its_own_variants(mfu, shapes):
 def test_adaptive_softmax_count_is_what_the_nll_computes(shapes, projected):
     """The output layer's count for given targets equals the matrix products the NLL runs (counted by
     FlopCounterMode): the head for every target, a tail cluster only for its own targets."""
-    knobs = {"d_embed": 16, "div_val": 2} if projected else {}
+    knobs = {"network": {"d_embed": 16, "div_val": 2}} if projected else {}
     bench = shapes.BENCHES["transformer_xl"]
     lm = bench.build(bench.tiny, "eval", "cpu", **knobs)  # vocabulary 300, cutoffs 100, 200; d 32
     targets = torch.tensor([[0, 5, 99, 100, 150, 250, 299, 7]])

@@ -30,7 +30,7 @@ from tests.test_mqar import SMALL
 
 MQAR_SMALL = {**SMALL, "min_distance": 6, "max_distance": 20, "train_tokens": 3000, "eval_tokens": 1000}
 SMALL_VOCAB = 12  # candidates the reference runs the step for
-ADAPTIVE = {"cutoffs": [4, 7], "div_val": 2}  # a head of 4 words and two tail clusters of 3 and 5
+ADAPTIVE = {"network": {"cutoffs": [4, 7], "div_val": 2}}  # a head of 4 words, tail clusters of 3 and 5
 SLOW = pytest.mark.slow  # the same argmax code as a fast case (XL's adaptive softmax, its TRAMS, RPE)
 METHODS = {
     **{name: (method.build, method.data) for name, method in TINY.items()},
@@ -40,7 +40,7 @@ METHODS = {
         SyntheticData,
     ),
     "trams": (
-        lambda **k: tiny("transformer_xl", protocol="trams", trams_attended=8, trams_kept=4, **k),
+        lambda **k: tiny("transformer_xl", protocol="trams", trams={"attended": 8, "kept": 4}, **k),
         SyntheticData,
     ),
     "rpe": (lambda **k: tiny("transformer_xl", mem_len=0, **k), SyntheticData),
@@ -216,7 +216,7 @@ def carried_numbers(model: LMBase, data_class: type[SyntheticData]) -> list[int]
     [
         ("transformer_xl", TINY["transformer_xl"].build, SyntheticData, 0),
         ("rpe", lambda: tiny("transformer_xl", mem_len=0), SyntheticData, 0),
-        ("fixed_span", lambda: TINY["adaptive_span"].build(span="fixed"), SyntheticData, 0),
+        ("fixed_span", lambda: TINY["adaptive_span"].build(network={"span": "fixed"}), SyntheticData, 0),
         # Its memory keeps up to c - 1 states beyond n_m until they fill a group to compress.
         ("compressive", TINY["compressive_transformer"].build, SyntheticData, 1 * 16),
         ("recurrence", TINY["recurrence"].build, WindowData, 0),

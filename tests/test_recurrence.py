@@ -80,7 +80,7 @@ def pair(impl: str = "sdpa") -> tuple[GPT2LMHeadModel, GPT2LMHeadModel]:
 
 
 def slot(h_prev: torch.Tensor, lm: GPT2LMHeadModel, present: torch.Tensor | None = None) -> RecurrenceSlot:
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     present = torch.ones(h_prev.shape[0], dtype=torch.bool) if present is None else present
     return net.slot_for(lm, h_prev, present)
 
@@ -221,8 +221,9 @@ def test_a_stock_attention_is_refused_because_it_ignores_the_slot():
     with pytest.raises(RuntimeError, match="consumed by 0"):
         run_window(rec, x, slot=RecurrenceSlot(N_LAYER + 3, s.state, s.present))
     with pytest.raises(RuntimeError, match="ignores the recurrence slot"):
-        WindowRecurrence(D, N_LAYER)(stock, x[:, None], x[:, None], torch.ones(2, 1, 8, dtype=torch.bool),
-                                     torch.zeros(2, 1, dtype=torch.bool))  # fmt: skip
+        recurrence = WindowRecurrence.Config().build(D, N_LAYER)
+        recurrence(stock, x[:, None], x[:, None], torch.ones(2, 1, 8, dtype=torch.bool),
+                   torch.zeros(2, 1, dtype=torch.bool))  # fmt: skip
 
 
 # ------------------------------------------------------------------ pooling, FFN, BPTT
@@ -264,7 +265,7 @@ def window_batch(
 def bptt(checkpointing: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     lm = gpt2(RECURRENCE_SDPA, dropout=0.1).train()
     torch.manual_seed(5)
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     b = window_batch()
     torch.manual_seed(7)  # dropout masks
     nll, h, _ = net(lm, b["input"], b["target"], b["mask"], b["reset"], torch.randn(2, D), checkpointing)
@@ -288,7 +289,7 @@ def test_checkpointed_bptt_equals_plain_bptt_loss_and_gradients():
 def saved_for_backward_bytes(checkpointing: bool, n_windows: int) -> int:
     """Bytes of the distinct storages autograd keeps for backward after the forward over K windows."""
     lm = gpt2(RECURRENCE_SDPA)
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     b = window_batch(n_windows=n_windows, length=16)
     storages: dict[int, int] = {}
 
@@ -313,7 +314,7 @@ def test_checkpointing_keeps_only_z_and_h_prev_per_window():
 
 def test_gradient_of_window_k_reaches_window_k_minus_1_except_across_a_reset():
     lm = gpt2(RECURRENCE_SDPA)
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     b = window_batch(batch=3, n_windows=2)
     b["reset"][0, 1] = True  # row 0 starts a new document at window 1
     embeddings: list[torch.Tensor] = []
@@ -574,7 +575,7 @@ STATE_DICT_KEYS = [
 RECURRENCE_KNOBS = {
     "insert_layer": 1, "ffn_width": 8, "ffn_hidden_layers": 2, "ffn_activation": "gelu", "slot_norm": False,
 }  # fmt: skip
-# What `module(**RECURRENCE_KNOBS)` saved as hyper_parameters before the group.
+# What `module(window_recurrence=RECURRENCE_KNOBS)` saved as hyper_parameters before the group.
 FLAT_HPARAMS = {
     "vocab_size": VOCAB, "pretrained": None,
     "gpt2_config": {**TINY, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
@@ -590,23 +591,22 @@ def test_state_dict_keys_are_those_recorded_before_the_knob_groups():
 
 
 @pytest.mark.parametrize("recurrence", [True, False])
-def test_the_module_from_its_recurrence_group_equals_the_one_from_flat_keywords(recurrence):
+def test_the_module_from_its_recurrence_group_as_a_dataclass_equals_the_one_from_a_dict(recurrence):
     grouped = module(recurrence, window_recurrence=WindowRecurrence.Config(**RECURRENCE_KNOBS))
-    flat = module(recurrence, **RECURRENCE_KNOBS)
-    assert dict(grouped.hparams) == dict(flat.hparams)
+    from_dict = module(recurrence, window_recurrence=RECURRENCE_KNOBS)
+    assert dict(grouped.hparams) == dict(from_dict.hparams)
     assert grouped.hparams["window_recurrence"] == {**RECURRENCE_KNOBS, "pool_embeddings": False}
-    assert not {"insert_layer", "ffn_width"} & set(grouped.hparams)  # folded, not repeated
-    assert_same_weights(grouped, flat)
+    assert_same_weights(grouped, from_dict)
     if recurrence:
         assert grouped.recurrence.config == WindowRecurrence.Config(**RECURRENCE_KNOBS)
-        assert flat.recurrence.config == grouped.recurrence.config
+        assert from_dict.recurrence.config == grouped.recurrence.config
         assert isinstance(grouped.recurrence.ffn.net[1], torch.nn.GELU)
     else:
-        assert grouped.recurrence is None and flat.recurrence is None  # the windowed baseline
+        assert grouped.recurrence is None and from_dict.recurrence is None  # the windowed baseline
 
 
 def test_a_checkpoint_with_the_old_flat_hyperparameters_loads_into_the_same_knobs_and_weights(tmp_path):
-    model = module(**RECURRENCE_KNOBS)
+    model = module(window_recurrence=RECURRENCE_KNOBS)
     path = save_with_hparams(model, FLAT_HPARAMS, tmp_path / "flat.ckpt")
     loaded = RecurrentGPT2LM.load_from_checkpoint(path, eval_h_prev="reset")
     assert loaded.recurrence.config == WindowRecurrence.Config(**RECURRENCE_KNOBS)
@@ -619,17 +619,14 @@ def test_a_checkpoint_with_the_old_flat_hyperparameters_loads_into_the_same_knob
     assert_same_weights(loaded, baseline)
 
 
-def test_config_build_equals_the_recurrence_from_its_fields():
+def test_config_build_equals_the_recurrence_from_its_config():
     config = WindowRecurrence.Config(**RECURRENCE_KNOBS)
     torch.manual_seed(0)
     built = config.build(D, N_LAYER)
     torch.manual_seed(0)
-    positional = WindowRecurrence(D, N_LAYER, 1, 8, 2, "gelu", False, False)
-    torch.manual_seed(0)
-    named = WindowRecurrence(D, N_LAYER, **RECURRENCE_KNOBS)
-    assert built.config == positional.config == named.config == config
-    assert_same_weights(built, positional)
-    assert_same_weights(built, named)
+    constructed = WindowRecurrence(D, N_LAYER, config)
+    assert built.config == constructed.config == config
+    assert_same_weights(built, constructed)
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,8 @@ def test_an_unpickled_recurrent_gpt2_runs_in_a_fresh_interpreter(tmp_path):
 
     torch.manual_seed(0)
     tiny = {"n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 32}
-    module = RecurrentGPT2LM(vocab_size=50, gpt2_config=tiny, insert_layer=1, ffn_width=8).eval()
+    recurrence = {"insert_layer": 1, "ffn_width": 8}
+    module = RecurrentGPT2LM(vocab_size=50, gpt2_config=tiny, window_recurrence=recurrence).eval()
     x = torch.randint(0, 50, (2, 3, 8))
     batch = {"input": x, "target": x, "mask": torch.ones_like(x, dtype=torch.bool)}
     batch["reset"] = torch.zeros(2, 3, dtype=torch.bool)

@@ -46,7 +46,8 @@ NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 def rmt(num_mem_tokens: int = 3, seed: int = 0, **knobs) -> RecurrentMemoryLM:
     torch.manual_seed(seed)
     config = {**GPT2, **NO_DROPOUT}
-    return RecurrentMemoryLM(vocab_size=VOCAB, gpt2_config=config, num_mem_tokens=num_mem_tokens, **knobs)
+    memory_cell = MemoryCell.Config(num_mem_tokens=num_mem_tokens)
+    return RecurrentMemoryLM(vocab_size=VOCAB, gpt2_config=config, memory_cell=memory_cell, **knobs)
 
 
 def windows(batch: int = 2, n_windows: int = 3, length: int = 8, seed: int = 1) -> dict[str, torch.Tensor]:
@@ -269,7 +270,7 @@ def test_the_evaluation_footprint_is_a_gpt2_window_of_the_segment_and_its_memory
 def test_the_initial_memory_is_drawn_at_the_scale_of_the_token_embedding():
     embedding = torch.randn(1000, 64) * 0.3
     torch.manual_seed(0)
-    cell = MemoryCell(embedding, num_mem_tokens=400)
+    cell = MemoryCell.Config(num_mem_tokens=400).build(embedding)
     assert cell.memory.shape == (400, 64) and cell.memory.requires_grad
     assert cell.memory.std().item() == pytest.approx(0.3, rel=0.02)
     torch.manual_seed(0)
@@ -322,15 +323,14 @@ def test_without_memory_tokens_the_flops_are_the_windowed_gpt2s(overlap):
 
 
 # ------------------------------------------------------------------ knobs, checkpoints, curriculum
-def test_the_module_from_its_group_equals_the_one_from_flat_keywords():
+def test_the_module_from_its_group_as_a_dataclass_equals_the_one_from_a_dict():
     torch.manual_seed(0)
     grouped = RecurrentMemoryLM(vocab_size=VOCAB, gpt2_config=GPT2, memory_cell=MemoryCell.Config(5))
-    flat = rmt(num_mem_tokens=5)
     torch.manual_seed(0)
-    flat = RecurrentMemoryLM(vocab_size=VOCAB, gpt2_config=GPT2, num_mem_tokens=5)
-    assert grouped.memory_cell.config == flat.memory_cell.config == MemoryCell.Config(num_mem_tokens=5)
-    assert grouped.hparams["memory_cell"] == flat.hparams["memory_cell"] == {"num_mem_tokens": 5}
-    assert_same_weights(grouped, flat)
+    from_dict = RecurrentMemoryLM(vocab_size=VOCAB, gpt2_config=GPT2, memory_cell={"num_mem_tokens": 5})
+    assert grouped.memory_cell.config == from_dict.memory_cell.config == MemoryCell.Config(num_mem_tokens=5)
+    assert grouped.hparams["memory_cell"] == from_dict.hparams["memory_cell"] == {"num_mem_tokens": 5}
+    assert_same_weights(grouped, from_dict)
     assert [k for k in grouped.state_dict() if not k.startswith("lm.")] == ["memory_cell.memory"]
 
 
@@ -342,11 +342,12 @@ def test_a_stage_starts_from_the_previous_stages_weights_only(tmp_path):
     stage.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "best.ckpt")
     torch.manual_seed(1)
-    following = RecurrentMemoryLM(vocab_size=VOCAB, pretrained=str(tmp_path / "best.ckpt"), num_mem_tokens=3)
+    best = str(tmp_path / "best.ckpt")
+    following = RecurrentMemoryLM(vocab_size=VOCAB, pretrained=best, memory_cell={"num_mem_tokens": 3})
     assert following.lm.training  # fine-tuned with dropout on
     assert_same_weights(following, stage)
     with pytest.raises(ValueError, match=r"has 3 memory tokens of width 32, this model 4 of width 32: set "):
-        RecurrentMemoryLM(vocab_size=VOCAB, pretrained=str(tmp_path / "best.ckpt"), num_mem_tokens=4)
+        RecurrentMemoryLM(vocab_size=VOCAB, pretrained=best, memory_cell={"num_mem_tokens": 4})
 
 
 def test_a_recurrent_gpt2_checkpoint_gives_its_gpt2_and_a_fresh_memory(tmp_path):
@@ -357,7 +358,8 @@ def test_a_recurrent_gpt2_checkpoint_gives_its_gpt2_and_a_fresh_memory(tmp_path)
     checkpoint = {"state_dict": window.state_dict()}
     window.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "last.ckpt")
-    model = RecurrentMemoryLM(vocab_size=VOCAB, pretrained=str(tmp_path / "last.ckpt"), num_mem_tokens=2)
+    last = str(tmp_path / "last.ckpt")
+    model = RecurrentMemoryLM(vocab_size=VOCAB, pretrained=last, memory_cell={"num_mem_tokens": 2})
     for name, tensor in window.lm.state_dict().items():
         assert torch.equal(model.lm.state_dict()[name], tensor), name
     embedding_std = window.lm.get_input_embeddings().weight.std()
@@ -482,7 +484,7 @@ def test_through_the_cli_a_bad_memory_is_one_line(tmp_path, monkeypatch):
         "model.init_args.memory_cell.num_mem_tokens (a GPT-2 from scratch: raise "
         "model.init_args.gpt2_config.n_positions)"
     )
-    stage = RecurrentMemoryLM(vocab_size=256, gpt2_config=GPT2, num_mem_tokens=3)  # the sample's bytes
+    stage = RecurrentMemoryLM(vocab_size=256, gpt2_config=GPT2, memory_cell={"num_mem_tokens": 3})  # bytes
     checkpoint = {"state_dict": stage.state_dict()}
     stage.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "best.ckpt")

@@ -17,7 +17,9 @@ SPANS = [[40.0, 10.0, 300.0, 40.0], [3.0, 3.0, 3.0, 100.0], [50.0, 50.0, 50.0, 5
 
 def network(span_trim: str) -> SpanTransformer:
     torch.manual_seed(0)
-    net = SpanTransformer(50, D, len(SPANS), H, 128, S, dropout=0.0, span_ramp=R, span_trim=span_trim)
+    net = SpanTransformer.Config(
+        D, len(SPANS), H, 128, S, dropout=0.0, span_ramp=R, span_trim=span_trim
+    ).build(50)
     with torch.no_grad():
         for layer, z in zip(net.layers, SPANS, strict=True):
             layer.attn.adaptive_mask.z_ratio.copy_(torch.tensor(z) / S)

@@ -29,7 +29,7 @@ def bptt(
     if lean:
         lm.activation_checkpointing_enable({"use_reentrant": False})
     torch.manual_seed(5)
-    net = WindowRecurrence(D, N_LAYER, insert_layer=L_INS)
+    net = WindowRecurrence.Config(insert_layer=L_INS).build(D, N_LAYER)
     b = window_batch(n_windows=4)
     b["reset"][0, 2] = True
     h_prev = torch.randn(2, D, requires_grad=True)

@@ -38,7 +38,7 @@ def test_appending_in_place_equals_cat_then_slice_and_allocates_once(P, n, keep)
 
 def test_a_second_forward_from_the_same_memory_leaves_both_results_intact():
     torch.manual_seed(0)
-    model = TransformerXL(30, 2, 16, 2, 32, dropout=0.0).double().eval()
+    model = TransformerXL.Config(2, 16, 2, 32, dropout=0.0).build(30).double().eval()
     x = torch.randint(0, 30, (2, 12))
     with torch.no_grad():
         memory = model(x[:, :4], model.empty_memory(2), mem_len=6, cache_kv=True).memory
@@ -53,7 +53,7 @@ def test_a_second_forward_from_the_same_memory_leaves_both_results_intact():
 
 def test_a_memory_overwritten_by_later_segments_is_refused():
     torch.manual_seed(0)
-    model = TransformerXL(30, 1, 16, 2, 32, dropout=0.0).eval()
+    model = TransformerXL.Config(1, 16, 2, 32, dropout=0.0).build(30).eval()
     x = torch.randint(0, 30, (2, 4))
     with torch.no_grad():
         memory = model(x, model.empty_memory(2), mem_len=8, cache_kv=True).memory
@@ -68,7 +68,7 @@ def test_a_memory_overwritten_by_later_segments_is_refused():
 @pytest.mark.parametrize("trams", [None, TramsSettings(8, 4)], ids=["xl", "trams"])
 def test_cached_evaluation_equals_the_uncached_one_across_compactions(trams):
     torch.manual_seed(0)
-    model = TransformerXL(40, 2, 12, 3, 20, dropout=0.0).double().eval()
+    model = TransformerXL.Config(2, 12, 3, 20, dropout=0.0).build(40).double().eval()
     x = torch.randint(0, 40, (2, 4 * 20))
     mem_len = 16
     start = model.zero_memory(2, mem_len) if trams else model.empty_memory(2)
@@ -85,7 +85,7 @@ def test_cached_evaluation_equals_the_uncached_one_across_compactions(trams):
 
 def test_with_autograd_the_cache_concatenates_and_the_segment_keys_get_gradients():
     torch.manual_seed(0)
-    model = TransformerXL(30, 1, 16, 2, 32, dropout=0.0).double()
+    model = TransformerXL.Config(1, 16, 2, 32, dropout=0.0).build(30).double()
     x = torch.randint(0, 30, (2, 8))
     memory = model(x[:, :4], model.empty_memory(2), mem_len=6, cache_kv=True).memory
     assert memory.slots is None and not memory.key[0].requires_grad

@@ -34,14 +34,16 @@ def segment_batches(k: int) -> list[dict[str, torch.Tensor]]:
 def xl(tbptt_segments: int, n_layers: int = 2):
     """A tiny Transformer-XL whose memory holds one segment (so reaching s segments back takes s hops)."""
     torch.manual_seed(0)
-    model = tiny("transformer_xl", dropout=0.0, mem_len=L, n_layers=n_layers, tbptt_segments=tbptt_segments)
+    network = {"dropout": 0.0, "n_layers": n_layers}
+    model = tiny("transformer_xl", network=network, mem_len=L, tbptt_segments=tbptt_segments)
     return model.train()
 
 
 def adaptive_span(tbptt_segments: int, n_layers: int = 2):
     """A tiny adaptive span (its caches hold 32 states: four segments back in one hop)."""
     torch.manual_seed(0)
-    return tiny("adaptive_span", dropout=0.0, n_layers=n_layers, tbptt_segments=tbptt_segments).train()
+    network = {"dropout": 0.0, "n_layers": n_layers}
+    return tiny("adaptive_span", network=network, tbptt_segments=tbptt_segments).train()
 
 
 def embedding(model) -> torch.nn.Module:

@@ -46,7 +46,7 @@ METHODS = {
     **{name: (method.build, method.data) for name, method in TINY.items()},
     "transformer_xl_trams_protocol": (lambda: tiny("transformer_xl", protocol="trams"), SyntheticData),
     "trams": (
-        lambda: tiny("transformer_xl", protocol="trams", trams_attended=8, trams_kept=4),
+        lambda: tiny("transformer_xl", protocol="trams", trams={"attended": 8, "kept": 4}),
         SyntheticData,
     ),
     "rpe": (lambda: tiny("transformer_xl", mem_len=0), SyntheticData),
@@ -180,7 +180,7 @@ def test_overlap_evaluation_writes_one_file_per_overlap(tmp_path):
     model = RecurrentGPT2LM(
         vocab_size=256,
         gpt2_config={"n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 16},
-        insert_layer=1,
+        window_recurrence={"insert_layer": 1},
     )
     trainer = LongCtxTrainer(
         accelerator="cpu",

@@ -38,7 +38,9 @@ def fit_recording_warnings(model: pl.LightningModule, data: pl.LightningDataModu
 def test_a_gpt2_loaded_from_pretrained_fine_tunes_with_its_dropout_on(tmp_path):
     config = GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=32, vocab_size=64, resid_pdrop=0.1)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
-    model = RecurrentGPT2LM(vocab_size=64, pretrained=str(tmp_path / "gpt2"), insert_layer=1)
+    model = RecurrentGPT2LM(
+        vocab_size=64, pretrained=str(tmp_path / "gpt2"), window_recurrence={"insert_layer": 1}
+    )
     dropouts = sum(isinstance(m, nn.Dropout) for m in model.lm.modules())
     assert dropouts == 1 + 2 * 3  # embeddings; per block: attention weights, attention output, MLP
     counter = CountActiveDropout()

@@ -220,7 +220,12 @@ def test_missing_slots_are_not_selected_while_real_ones_remain():
 # ---------------------------------------------------------------------------------- the network
 def network() -> TransformerXL:
     torch.manual_seed(0)
-    return TransformerXL(40, n_layers=2, d_model=D, n_heads=H, d_inner=20, dropout=0.0).double().eval()
+    return (
+        TransformerXL.Config(n_layers=2, d_model=D, n_heads=H, d_inner=20, dropout=0.0)
+        .build(40)
+        .double()
+        .eval()
+    )
 
 
 def test_no_selection_is_xl_with_memory_m_and_the_pool_is_xls_memory():
@@ -340,7 +345,7 @@ def score_cache_streams(model, x, memory, settings, mem_len, resets):
 )
 def test_score_cache_selects_and_outputs_as_scoring_every_segment(metric, positions, pre_lnorm, first):
     torch.manual_seed(0)
-    model = TransformerXL(40, 2, D, H, 20, dropout=0.0, pre_lnorm=pre_lnorm).double().eval()
+    model = TransformerXL.Config(2, D, H, 20, dropout=0.0, pre_lnorm=pre_lnorm).build(40).double().eval()
     x = torch.randint(0, 40, (2, 32))
     settings = TramsSettings(8, 4, metric, positions)
     zero_fill = first == "zero"  # TRAMS's protocol (zero-filled pool) or XL's (empty memory)

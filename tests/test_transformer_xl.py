@@ -15,6 +15,7 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from longctx.core.base import detach_memory
+from longctx.core.knob_groups import override_groups
 from longctx.methods.transformer_xl.adaptive_softmax import ProjectedAdaptiveLogSoftmax
 from longctx.methods.transformer_xl.flops import macs_per_token as xl_macs
 from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
@@ -37,7 +38,12 @@ RESOLVED = Path(__file__).resolve().parent / "fixtures" / "resolved_configs"
 
 def net(n_layers: int = 2, d_model: int = 16, n_heads: int = 2, vocab: int = 30, **kwargs) -> TransformerXL:
     torch.manual_seed(0)
-    return TransformerXL(vocab, n_layers, d_model, n_heads, d_inner=24, dropout=0.0, **kwargs).double().eval()
+    return (
+        TransformerXL.Config(n_layers, d_model, n_heads, d_inner=24, dropout=0.0, **kwargs)
+        .build(vocab)
+        .double()
+        .eval()
+    )
 
 
 def sinusoid(dist: float, d: int) -> torch.Tensor:
@@ -253,7 +259,11 @@ def test_adaptive_softmax_normalises_and_nll_reads_the_target(div_val, d_embed):
 
 def test_adaptive_embedding_and_tying():
     torch.manual_seed(0)
-    model = TransformerXL(40, 1, 12, 2, 16, d_embed=12, cutoffs=[10, 25], div_val=2, dropout=0.0).double()
+    model = (
+        TransformerXL.Config(1, 12, 2, 16, d_embed=12, cutoffs=[10, 25], div_val=2, dropout=0.0)
+        .build(40)
+        .double()
+    )
     emb, crit = model.word_emb, model.crit
     x = torch.tensor([[0, 9, 10, 24, 25, 39]])
     expected = []
@@ -270,7 +280,7 @@ def test_adaptive_embedding_and_tying():
 
 def test_initialisation_follows_the_code():
     torch.manual_seed(0)
-    model = TransformerXL(300, 4, 64, 4, 256, cutoffs=[100, 200], dropout=0.0)
+    model = TransformerXL.Config(4, 64, 4, 256, cutoffs=[100, 200], dropout=0.0).build(300)
     ln = torch.cat([layer.attn.layer_norm.weight for layer in model.layers])
     assert abs(ln.mean().item() - 1) < 0.01 and abs(ln.std().item() - 0.02) < 0.005
     w = model.layers[0].ff.fc1.weight
@@ -307,7 +317,9 @@ def test_wt103_config_has_the_papers_151M_parameters():
 def tiny(**kwargs) -> TransformerXLLM:
     torch.manual_seed(0)
     adam = partial(torch.optim.Adam, lr=1e-3)
-    return tiny_method("transformer_xl", **{"dropout": 0.0, **kwargs}, optimizer=adam)
+    return tiny_method(
+        "transformer_xl", **override_groups({"network": {"dropout": 0.0}}, kwargs), optimizer=adam
+    )
 
 
 @pytest.mark.slow  # a fit and three evaluations through Lightning (~12 s CPU)
@@ -324,9 +336,9 @@ def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
         return {k: float(v) for k, v in metrics.items()}
 
     xl = validate(log_attention_mass=True)
-    rpe = validate(eval_mem_len=0, log_attention_mass=True)
+    rpe = validate(evaluation={"mem_len": 0}, log_attention_mass=True)
     trams_protocol = validate(protocol="trams")
-    selected = validate(eval_mem_len=32, trams_attended=16, trams_kept=8)
+    selected = validate(evaluation={"mem_len": 32}, trams={"attended": 16, "kept": 8})
     assert xl["val/tokens"] == 1200
     # two rows of 600 targets = 37 full segments of 16 + one of 8 targets then padding: the TRAMS
     # protocol drops the last real target of every segment, the short final one included
@@ -337,16 +349,16 @@ def test_lightning_fit_then_eval_knobs_change_without_retraining(tmp_path):
 
 
 def test_trams_protocol_starts_from_attended_zero_memory_and_xl_from_empty():
-    model = tiny(eval_mem_len=12, protocol="trams").eval()
+    model = tiny(evaluation={"mem_len": 12}, protocol="trams").eval()
     memory = model.init_memory(2)
     assert memory.valid.shape == (2, 12) and memory.valid.all()
     assert all(h.abs().max() == 0 for h in memory.hidden)
     assert model.train().init_memory(2).valid.shape == (2, 0)  # training: Transformer-XL's
     assert tiny().eval().init_memory(2).valid.shape == (2, 0)
     with pytest.raises(ValueError, match="trams_kept"):
-        tiny(trams_attended=8)
+        tiny(trams={"attended": 8})
     with pytest.raises(ValueError, match="cannot exceed"):
-        tiny(trams_attended=20, trams_kept=4)
+        tiny(trams={"attended": 20, "kept": 4})
 
 
 @pytest.mark.parametrize(("stage", "attended"), [("val", True), ("train", False)])
@@ -354,7 +366,7 @@ def test_the_base_resets_rows_under_the_memorys_own_convention(stage, attended):
     """TRAMS's evaluation protocol: a new document's slots become attended zeros (its `init_mems`);
     training (Transformer-XL's): they are masked. The memory carries its convention from segment to
     segment, so the base's generic `reset_rows` needs no word from the module."""
-    model = tiny(eval_mem_len=6, protocol="trams").train(stage == "train")
+    model = tiny(evaluation={"mem_len": 6}, protocol="trams").train(stage == "train")
     x = torch.randint(0, 64, (2, 4))
     batch = {"input": x, "target": x, "mask": torch.ones(2, 4), "reset": torch.tensor([True, False])}
     with torch.no_grad():
@@ -387,7 +399,9 @@ def test_flops_count_the_adaptive_input_and_softmax_for_the_tokens_computed(div_
     adaptive softmax's head for every target, a tail cluster only for the targets in it, and (div_val
     > 1) each input token projected from its cluster's width, read from the tokens computed since
     `eval()`. Before any token, and after `eval()` again: every cluster for every token."""
-    lm = tiny(cutoffs=[20, 40], div_val=div_val, attention="eager").eval()  # 64 words: 20, 20, 24; d 16
+    lm = tiny(
+        network={"cutoffs": [20, 40], "div_val": div_val, "attention": "eager"}
+    ).eval()  # 64 words: 20, 20, 24
     tokens = torch.tensor([[0, 5, 19, 20, 39, 40, 63, 7, 1, 2, 3, 4, 8, 9, 10, 11]])  # 2 in each tail
     full = lm.flops_per_token(16)
     memory = lm.init_memory(1)
@@ -410,7 +424,7 @@ def test_evaluation_logs_the_forward_flops_per_scored_token(tmp_path):
     xl = cpu_trainer(tmp_path).validate(tiny(), datamodule=data, verbose=False)[0]
     per_layer = 768 + 512 + 1536 + 256 + 1024  # see test_xl_macs_per_token_by_hand (P = mem_len 16)
     assert float(xl["val/flops_per_token"]) == 2 * (2 * per_layer + 16 * 64)
-    trams = tiny(eval_mem_len=32, trams_attended=16, trams_kept=8, protocol="trams")
+    trams = tiny(evaluation={"mem_len": 32}, trams={"attended": 16, "kept": 8}, protocol="trams")
     logged = cpu_trainer(tmp_path).validate(trams, datamodule=data, verbose=False)[0]["val/flops_per_token"]
     per_layer = (
         768 + 512 + 1536 + 160 + 256 + 1024
@@ -463,14 +477,18 @@ def test_word_level_cutoffs_on_a_byte_vocabulary_give_a_full_softmax(module, cap
     from longctx.methods.compressive_transformer.module import CompressiveTransformerLM
 
     cls = TransformerXLLM if module == "transformer_xl" else CompressiveTransformerLM
-    sizes = dict(vocab_size=256, n_layers=1, d_model=16, n_heads=2, d_inner=32, mem_len=8)
+    sizes = dict(n_layers=1, d_model=16, n_heads=2, d_inner=32)
+
+    def build(cutoffs: list[int]) -> TransformerXLLM:
+        return cls(vocab_size=256, network={**sizes, "cutoffs": cutoffs}, mem_len=8)
+
     with caplog.at_level("INFO"):
-        word_recipe = cls(**sizes, cutoffs=[200, 2000, 8000])
-    full = cls(**sizes, cutoffs=[])
+        word_recipe = build([200, 2000, 8000])
+    full = build([])
     assert word_recipe.net.config.cutoffs == (200,) and full.net.config.cutoffs == ()
     assert word_recipe.net.crit.cutoffs == [200, 256]
     assert "cutoffs [200, 2000, 8000] reach past the vocabulary (256)" in caplog.text
-    beyond = cls(**sizes, cutoffs=[2000, 8000])
+    beyond = build([2000, 8000])
     assert beyond.net.config.cutoffs == () and beyond.net.crit.cutoffs == [256]
     assert {k: v.shape for k, v in beyond.net.state_dict().items()} == {
         k: v.shape for k, v in full.net.state_dict().items()
@@ -515,36 +533,29 @@ def grouped_xl(**knobs) -> TransformerXLLM:
     return TransformerXLLM(vocab_size=40, network=network, mem_len=8, **knobs)
 
 
-def test_the_module_from_its_groups_equals_the_one_from_flat_keywords():
+def test_the_module_from_its_groups_as_dataclasses_equals_the_one_from_dicts():
     grouped = grouped_xl(evaluation=EvaluationMemory(mem_len=12), trams=TramsSettings(6, 4, pool=12))
     torch.manual_seed(0)
-    flat = TransformerXLLM(
-        vocab_size=40, n_layers=2, d_model=16, n_heads=2, d_inner=32, cutoffs=[10, 20], div_val=2,
-        untie_r=True, mem_len=8, eval_mem_len=12, trams_attended=6, trams_kept=4, trams_pool=12,
-    )  # fmt: skip
-    assert dict(grouped.hparams) == dict(flat.hparams)
+    network = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_inner": 32, "cutoffs": [10, 20], "div_val": 2,
+               "untie_r": True}  # fmt: skip
+    trams = {"attended": 6, "kept": 4, "pool": 12}
+    dicts = TransformerXLLM(
+        vocab_size=40, network=network, mem_len=8, evaluation={"mem_len": 12}, trams=trams
+    )
+    assert dict(grouped.hparams) == dict(dicts.hparams)
     assert grouped.hparams["trams"] == {"attended": 6, "kept": 4, "metric": "code", "positions": "compact",
                                         "pool": 12}  # fmt: skip
-    assert_same_weights(grouped, flat)
+    assert_same_weights(grouped, dicts)
     assert list(grouped.state_dict()) == KEYS_BEFORE_GROUPS
     assert (grouped.eval_lengths.mem_len, grouped.trams) == (12, TramsSettings(6, 4, pool=12))
-
-
-def test_the_flat_length_attributes_of_before_read_and_set_the_two_memory_lengths():
-    model = grouped_xl(evaluation=EvaluationMemory(mem_len=12, same_length=True))
-    assert model.train_lengths == MemoryLengths(mem_len=8, clamp_len=0, same_length=False)
-    assert model.eval_lengths == MemoryLengths(mem_len=12, clamp_len=0, same_length=True)
-    assert (model.mem_len, model.clamp_len, model.same_length) == (8, 0, False)
-    assert (model.eval_mem_len, model.eval_clamp_len, model.eval_same_length) == (12, 0, True)
-    model.eval_mem_len, model.clamp_len = 20, 4
-    assert model.eval_lengths == MemoryLengths(mem_len=20, clamp_len=0, same_length=True)
-    assert model.train_lengths == MemoryLengths(mem_len=8, clamp_len=4, same_length=False)
 
 
 def test_a_checkpoint_with_the_flat_hparams_of_before_loads_into_the_same_knobs_and_weights(tmp_path):
     model = grouped_xl()
     path = save_with_hparams(model, FLAT_HPARAMS_BEFORE_GROUPS, tmp_path / "before.ckpt")
-    loaded = TransformerXLLM.load_from_checkpoint(path, eval_mem_len=16, trams_attended=8, trams_kept=6)
+    loaded = TransformerXLLM.load_from_checkpoint(
+        path, evaluation={"mem_len": 16}, trams={"attended": 8, "kept": 6}
+    )
     assert_same_weights(model, loaded)
     assert loaded.net.config == model.net.config
     assert (loaded.eval_lengths.mem_len, loaded.trams) == (16, TramsSettings(8, 6))
@@ -559,6 +570,6 @@ def test_bad_group_fields_are_one_line_at_construction():
     with pytest.raises(ValueError, match=r"^TRAMS's kept \(trams_kept"):
         TramsSettings(attended=8)
     with pytest.raises(ValueError, match=r"^evaluation mem_len \(-1\)"):
-        grouped_xl(eval_mem_len=-1)
+        grouped_xl(evaluation={"mem_len": -1})
     with pytest.raises(TypeError, match="unexpected keyword argument 'eval_memlen'"):
         grouped_xl(eval_memlen=3)

@@ -267,7 +267,8 @@ def test_data_prepare_reports_config_and_corpus_errors_in_one_line(tmp_path):
 # ---------------------------------------------------------------------------------- checkpoint files
 @pytest.fixture
 def tiny_model() -> AdaptiveSpanLM:
-    return AdaptiveSpanLM(vocab_size=256, d_model=16, n_layers=1, n_heads=2, d_inner=32, attn_span=32)
+    network = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_inner": 32, "attn_span": 32}
+    return AdaptiveSpanLM(vocab_size=256, network=network)
 
 
 def saved(tmp_path: Path, model: AdaptiveSpanLM) -> Path:

@@ -18,7 +18,8 @@ from longctx.methods.window_transformer.network import CausalSelfAttention, Wind
 from tests.knob_checks import assert_same_weights, save_with_hparams
 
 REPO = Path(__file__).resolve().parents[1]
-SIZES = dict(vocab_size=37, d_model=24, n_layers=2, n_heads=3, d_inner=40, max_len=16, dropout=0.0)
+SIZES = dict(d_model=24, n_layers=2, n_heads=3, d_inner=40, max_len=16, dropout=0.0)
+VOCAB = 37
 
 
 def test_attention_equals_a_manual_masked_softmax():
@@ -36,7 +37,7 @@ def test_attention_equals_a_manual_masked_softmax():
 
 def test_position_t_sees_tokens_up_to_t_only():
     torch.manual_seed(0)
-    net = WindowTransformer(**SIZES).eval()
+    net = WindowTransformer.Config(**SIZES).build(VOCAB).eval()
     x = torch.randint(0, 37, (2, 12))
     t = 5
     changed_after = x.clone()
@@ -51,7 +52,7 @@ def test_position_t_sees_tokens_up_to_t_only():
 
 
 def test_a_window_longer_than_the_positions_is_refused():
-    net = WindowTransformer(**SIZES)
+    net = WindowTransformer.Config(**SIZES).build(VOCAB)
     with pytest.raises(ValueError, match=r"window of 17 tokens is longer than max_len=16"):
         net(torch.zeros(1, 17, dtype=torch.long))
 
@@ -60,14 +61,14 @@ def test_flops_per_token_match_torchs_counter_with_causal_attention():
     """torch counts every matrix product of a forward (2 × multiply-accumulates); its math SDPA
     multiplies all L×L query-key pairs, the count keeps the L(L+1)/2 a causal query attends."""
     sizes = {**SIZES, "max_len": 32}
-    net = WindowTransformer(**sizes).eval()
+    net = WindowTransformer.Config(**sizes).build(VOCAB).eval()
     B, L, d, n_layers = 3, 32, sizes["d_model"], sizes["n_layers"]
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         net(torch.zeros(B, L, dtype=torch.long))
     all_pairs = n_layers * 2 * 2 * B * L * L * d  # q·k and probs·v over every (query, key)
     causal_pairs = n_layers * 2 * 2 * B * d * (L * (L + 1) // 2)
     counted = counter.get_total_flops() - all_pairs + causal_pairs
-    expected = flops_per_token(d, n_layers, sizes["d_inner"], sizes["vocab_size"], L) * B * L
+    expected = flops_per_token(d, n_layers, sizes["d_inner"], VOCAB, L) * B * L
     assert counted == pytest.approx(expected, rel=1e-12)
 
 
@@ -111,19 +112,15 @@ STATE_DICT_KEYS = [
     ),
     "net.ln_final.weight", "net.ln_final.bias", "net.head.weight",
 ]  # fmt: skip
-# What `WindowTransformerLM(**SIZES)` saved as hyper_parameters before the group.
-FLAT_HPARAMS = dict(SIZES)
+# What `WindowTransformerLM(vocab_size=VOCAB, **SIZES)` saved as hyper_parameters before the group.
+FLAT_HPARAMS = dict(vocab_size=VOCAB, **SIZES)
 NETWORK = WindowTransformer.Config(d_model=24, n_layers=2, n_heads=3, d_inner=40, max_len=16, dropout=0.0)
 
 
-def test_the_module_from_its_network_group_equals_the_one_from_flat_keywords():
+def test_the_module_saves_its_network_group_as_a_dict_with_the_keys_of_before():
     torch.manual_seed(0)
     grouped = WindowTransformerLM(vocab_size=37, network=NETWORK)
-    torch.manual_seed(0)
-    flat = WindowTransformerLM(**FLAT_HPARAMS)
-    assert grouped.net.config == flat.net.config == NETWORK
-    assert dict(grouped.hparams) == dict(flat.hparams) == {"vocab_size": 37, "network": vars(NETWORK)}
-    assert_same_weights(grouped, flat)
+    assert dict(grouped.hparams) == {"vocab_size": 37, "network": vars(NETWORK)}
     assert list(grouped.state_dict()) == STATE_DICT_KEYS
 
 
@@ -134,20 +131,17 @@ def test_a_checkpoint_with_the_old_flat_hyperparameters_loads_into_the_same_knob
     loaded = WindowTransformerLM.load_from_checkpoint(path)
     assert loaded.net.config == NETWORK and dict(loaded.hparams) == dict(model.hparams)
     assert_same_weights(loaded, model)
-    # A flat keyword at loading still overrides its knob.
-    assert WindowTransformerLM.load_from_checkpoint(path, dropout=0.3).net.config.dropout == 0.3
+    # A group's dict at loading overrides the fields it names.
+    assert WindowTransformerLM.load_from_checkpoint(path, network={"dropout": 0.3}).net.config.dropout == 0.3
 
 
 def test_config_build_equals_the_network_from_its_fields():
     torch.manual_seed(0)
     built = NETWORK.build(37)
     torch.manual_seed(0)
-    positional = WindowTransformer(37, 24, 2, 3, 40, 16, 0.0)
-    torch.manual_seed(0)
-    named = WindowTransformer(**SIZES)
-    assert built.config == positional.config == named.config == NETWORK
-    assert_same_weights(built, positional)
-    assert_same_weights(built, named)
+    constructed = WindowTransformer(37, NETWORK)
+    assert built.config == constructed.config == NETWORK
+    assert_same_weights(built, constructed)
 
 
 @pytest.mark.parametrize(

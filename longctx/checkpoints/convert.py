@@ -76,10 +76,16 @@ def load_converted(model: LMBase, state: dict[str, Tensor], source: str) -> None
 
 def lightning_checkpoint(model: LMBase, arch_keys: Sequence[str], origin: dict[str, str]) -> dict[str, Any]:
     """What `trainer.test(ckpt_path=...)` and `load_from_checkpoint` read: the state dict, the Lightning
-    version and the architecture hyperparameters (with `_class_path`, as LightningCLI saves them)."""
+    version and the architecture hyperparameters (`arch_keys`, flat names, each saved where the
+    module's groups put it, `network: {d_model: ...}`; with `_class_path`, as LightningCLI saves them)."""
     cls = type(model)
-    flat = cls.flatten_knobs(dict(model.hparams))  # flat names: `load_from_checkpoint` folds them back
-    hparams = {key: flat[key] for key in ("vocab_size", *arch_keys)}
+    hparams: dict[str, Any] = {"vocab_size": model.hparams["vocab_size"]}
+    for key in arch_keys:
+        *groups, field = cls.knob_path(key).split(".")
+        saved, kept = model.hparams, hparams
+        for group in groups:
+            saved, kept = saved[group], kept.setdefault(group, {})
+        kept[field] = saved[field]
     return {
         "state_dict": model.state_dict(),
         "hyper_parameters": {"_class_path": f"{cls.__module__}.{cls.__qualname__}", **hparams},

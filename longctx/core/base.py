@@ -27,11 +27,14 @@ and a memory into per-token losses:
 from __future__ import annotations
 
 import inspect
+import io
 import math
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias
+from pathlib import Path
+from typing import IO, Any, ClassVar, Self, TypeAlias
 
 import lightning.pytorch as pl
 import torch
@@ -49,7 +52,15 @@ from longctx.core.data_facts import (
     check_data_facts,
     check_vocabulary,
 )
-from longctx.core.knob_groups import flatten_knobs, fold_flat, knob_path, plain
+from longctx.core.knob_groups import (
+    flatten_knobs,
+    knob_path,
+    moved_keywords,
+    override_groups,
+    plain,
+    read_groups,
+    upgrade_flat,
+)
 from longctx.core.memory import RowMemory
 from longctx.core.recall import RecallScorer
 from longctx.core.spawn_exit import register_spawn_strategies
@@ -157,14 +168,63 @@ class LMBase(pl.LightningModule):
         # Each evaluation's marked targets (`target_marks` of its split), None without marks.
         self._recall: dict[str, RecallScorer | None] = {"val": None, "test": None}
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> LMBase:
+        cls.refuse_flat_keywords(kwargs)  # before `__init__`, whose own error would not name the group
+        return super().__new__(cls)
+
     @classmethod
-    def fold_knobs(cls, given: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
-        """The module's knob groups (`given`: each as passed) with its flat keywords folded in
-        (`knob_groups.fold_flat` with `flat_prefixes`); call it first in `__init__`. Lightning's own
-        keys (`_class_path`, which `load_from_checkpoint` passes to a constructor taking `**flat`)
-        are not knobs."""
-        knobs = {key: value for key, value in flat.items() if not key.startswith("_")}
-        return fold_flat(cls.__init__, given, knobs, cls.flat_prefixes)
+    def refuse_flat_keywords(cls, kwargs: Mapping[str, Any]) -> None:
+        """A knob under its flat name (`eval_mem_len=64`) is a TypeError naming the group it moved to
+        (`evaluation={'mem_len': ...}`): the module takes its knobs in groups only."""
+        if moved := moved_keywords(cls.__init__, kwargs, cls.flat_prefixes):
+            where = "; ".join(
+                f"{key} is {path} ({path.split('.')[0]}={{{path.split('.')[1]!r}: ...}})"
+                for key, path in moved.items()
+            )
+            raise TypeError(f"{cls.__name__}() takes its knobs in groups: {where}")
+
+    @classmethod
+    def read_groups(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """The module's knob groups (`given`: each as passed, a dataclass or a dict of its fields) as
+        dataclasses (`knob_groups.read_groups`); call it first in `__init__`."""
+        return read_groups(cls.__init__, given)
+
+    @classmethod
+    def upgrade_hyperparameters(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
+        """A checkpoint's `hyper_parameters` in the module's groups: the flat keys of checkpoints
+        saved before the groups moved into them (`knob_groups.upgrade_flat` with `flat_prefixes`)."""
+        return upgrade_flat(cls.__init__, hparams, cls.flat_prefixes)
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | Path | IO[bytes],
+        map_location: Any = None,
+        hparams_file: str | Path | None = None,
+        strict: bool | None = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Lightning's, reading a checkpoint of any version: its saved hyperparameters are upgraded
+        first (`upgrade_hyperparameters`), and a group given as a dict in `kwargs` overrides only the
+        fields it names (`evaluation={"mem_len": 64}` keeps the saved clamp_len)."""
+        cls.refuse_flat_keywords(kwargs)
+        lazy = isinstance(checkpoint_path, str | Path) and zipfile.is_zipfile(checkpoint_path)
+        checkpoint = torch.load(
+            checkpoint_path, map_location=map_location, weights_only=weights_only is not False, mmap=lazy
+        )
+        saved = checkpoint.get("hyper_parameters") or {}
+        upgraded = cls.upgrade_hyperparameters(saved)
+        merged = override_groups(upgraded, kwargs)
+        kwargs = {name: merged[name] for name in kwargs}
+        if upgraded != saved:  # Lightning reads the checkpoint with its hyperparameters upgraded
+            checkpoint_path = io.BytesIO()
+            torch.save({**checkpoint, "hyper_parameters": upgraded}, checkpoint_path)
+        if isinstance(checkpoint_path, io.IOBase):
+            checkpoint_path.seek(0)
+        return super().load_from_checkpoint(
+            checkpoint_path, map_location, hparams_file, strict, weights_only, **kwargs
+        )
 
     @classmethod
     def flatten_knobs(cls, init_args: dict[str, Any]) -> dict[str, Any]:
@@ -182,23 +242,14 @@ class LMBase(pl.LightningModule):
         """Lightning's, called from a method's `__init__`, never saving `UNSAVED_HPARAMS`.
 
         Knob groups (dataclasses, `longctx.core.knob_groups`) are saved as dicts of plain values, so
-        `torch.load(weights_only=True)` reads the checkpoint; flat keywords the module folded into
-        its groups (`**flat`) are not saved again beside them.
+        `torch.load(weights_only=True)` reads the checkpoint.
         """
         ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
         frame = frame or inspect.currentframe().f_back  # the subclass's __init__, not this method
         super().save_hyperparameters(*args, ignore=[*ignore, *UNSAVED_HPARAMS], frame=frame, logger=logger)
-        params = inspect.signature(type(self).__init__).parameters.values()
-        named = {p.name for p in params if p.kind is not p.VAR_KEYWORD}
-        takes_flat = any(p.kind is p.VAR_KEYWORD for p in params)
         for store in (self._hparams, self._hparams_initial):
             for key in list(store):
-                # A flat knob, already folded into its group (keys like LightningCLI's `_class_path`
-                # are Lightning's own).
-                if takes_flat and key not in named and not key.startswith("_"):
-                    del store[key]
-                else:
-                    store[key] = plain(store[key])
+                store[key] = plain(store[key])
 
     # ------------------------------------------------------------------ method hooks
     def init_memory(self, batch_size: int) -> Memory:

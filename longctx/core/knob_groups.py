@@ -5,15 +5,16 @@ A network declares its knobs once, as a frozen dataclass (`TransformerXL.Config`
 settings), as constructor arguments, which LightningCLI reads as nested groups
 (`model.init_args.network.d_model`, `model.init_args.trams.attended`).
 
-Besides a dataclass, a group argument may arrive in two other forms, both handled here so that no
-module lists a knob a second time:
-- a dict of the group's fields: how a checkpoint stores a group (`LMBase.save_hyperparameters` keeps
-  plain values, which `torch.load(weights_only=True)` reads) and how `load_from_checkpoint` and the
-  CLI hand it back;
-- flat keywords, one per field (`TransformerXLLM(vocab_size=V, n_layers=2, eval_mem_len=64)`): what
-  Python callers write and what checkpoints saved before the groups existed hold. `fold_flat` puts
-  each into the group with a field of that name, after the group's prefix (`eval_mem_len` →
-  `evaluation.mem_len`).
+A group argument is the dataclass or a dict of its fields (`read_groups`): a dict is how a
+checkpoint stores a group (`LMBase.save_hyperparameters` keeps plain values, which
+`torch.load(weights_only=True)` reads) and how `load_from_checkpoint` and the CLI hand it back.
+
+Each field also has a flat name, the field's name after its group's prefix (`eval_mem_len` is
+`evaluation.mem_len`): the names checkpoints saved before the groups hold, which `upgrade_flat` moves
+into their groups where a checkpoint is read (`LMBase.load_from_checkpoint`), and the names that
+run readers (`report`, `context`) and the CLI's "it moved to" line use (`flatten_knobs`,
+`knob_path`). A constructor takes groups only; a flat keyword is refused with the group it moved to
+(`moved_keywords`).
 """
 
 from __future__ import annotations
@@ -37,14 +38,6 @@ def as_group(cls: type[T], value: T | Mapping[str, Any] | None) -> T | None:
     if hasattr(value, "as_dict"):  # a jsonargparse Namespace
         return cls(**value.as_dict())
     raise TypeError(f"expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
-
-
-def network_config(cls: type[T], knobs: tuple[Any, ...], named_knobs: Mapping[str, Any]) -> T:
-    """A network's `Config` from its constructor's arguments after the vocabulary size: the Config
-    itself, or its fields (positional in the Config's order, or by name)."""
-    if len(knobs) == 1 and not named_knobs and isinstance(knobs[0], cls):
-        return knobs[0]
-    return cls(*knobs, **named_knobs)
 
 
 def check_sizes(config: Any, *names: str) -> None:
@@ -78,45 +71,94 @@ def group_types(init: Callable[..., Any]) -> dict[str, tuple[type, bool]]:
     return groups
 
 
-def fold_flat(
-    init: Callable[..., Any],
-    given: Mapping[str, Any],
-    flat: Mapping[str, Any],
-    prefixes: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """The group arguments of `init` (a module's `__init__`) as dataclasses, with the flat keywords folded in.
+def read_groups(init: Callable[..., Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The group arguments of `init` (a module's `__init__`), each as passed in `given` (a dataclass, a
+    dict of its fields, or None), as dataclasses; a required group given as None is its defaults."""
+    groups = group_types(init)
+    read = {name: as_group(cls, given.get(name)) for name, (cls, _) in groups.items()}
+    for name, (cls, optional) in groups.items():
+        if read[name] is None and not optional:
+            read[name] = cls()
+    return read
 
-    given: each group argument as passed (a dataclass, a dict of its fields, or None).
-    flat: the remaining keywords; each must name a field of exactly one group, after that group's
-        prefix in `prefixes` (default no prefix), else TypeError as for any unexpected keyword.
-        A flat keyword overrides the group's value. An optional group that is None (off) is built
-        from the flat fields given for it if they switch it on: a required field of its dataclass
-        (one without a default, e.g. TRAMS's m) given and not None (a group with no required field:
-        any field not None); the dataclass then checks the rest. Checkpoints of earlier versions
-        hold every flat knob, `trams_attended=None` among them: the group stays off.
+
+def override_groups(arguments: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`arguments` (a module's, groups as dicts) with `overrides` on top: a group given as a dict over
+    a group saved as a dict overrides only the fields it names (`evaluation: {mem_len: 64}` keeps the
+    saved clamp_len); anything else replaces the value."""
+    merged = dict(arguments)
+    for name, value in overrides.items():
+        saved = plain(merged.get(name))
+        merged[name] = (
+            {**saved, **value} if isinstance(value, Mapping) and isinstance(saved, Mapping) else value
+        )
+    return merged
+
+
+def at_path(path: str, value: Any) -> dict[str, Any]:
+    """The keyword argument setting the knob at `path`: an argument (`protocol`) or a group's field
+    (`network.attention` → `{"network": {"attention": value}}`), to merge with `override_groups`."""
+    *groups, field = path.split(".")
+    for group in reversed(groups):
+        value, field = {field: value}, group
+    return {field: value}
+
+
+def moved_keywords(
+    init: Callable[..., Any], keywords: Mapping[str, Any], prefixes: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The keywords of `keywords` that `init` does not take but a field of one of its groups has, under
+    that group's prefix: name → `group.field` (`eval_mem_len` → `evaluation.mem_len`)."""
+    named = inspect.signature(init).parameters
+    unknown = [key for key in keywords if key not in named]
+    groups = group_types(init) if unknown else {}
+    homes = {key: _homes(groups, prefixes or {}, key) for key in unknown}
+    return {key: f"{found[0][0]}.{found[0][1]}" for key, found in homes.items() if len(found) == 1}
+
+
+def upgrade_flat(
+    init: Callable[..., Any], hparams: Mapping[str, Any], prefixes: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A checkpoint's saved hyperparameters with the flat keys of versions before the knob groups
+    (`n_layers: 2`, `eval_mem_len: 64`) moved into their groups (`network: {n_layers: 2}`,
+    `evaluation: {mem_len: 64}`), each group's fields as a dict (how a checkpoint stores a group).
+
+    A key is flat when `init` (a module's `__init__`) does not take it and it names a field of exactly
+    one group after that group's prefix in `prefixes` (default no prefix); keys starting with `_`
+    (Lightning's `_class_path`, `_instantiator`) are kept as they are; any other key `init` does not
+    take is a ValueError (a knob dropped in silence would give a wrong number). A flat key overrides
+    its group's saved value. An optional group (`X | None`) absent or None is switched on only by its
+    flat fields: a required field of its dataclass (one without a default, e.g. TRAMS's m) given and
+    not None (a group with no required field: any field not None); checkpoints of earlier versions
+    hold every flat knob, `trams_attended=None` among them, and the group stays off. Hyperparameters
+    without flat keys come back unchanged.
     """
     prefixes = prefixes or {}
     groups = group_types(init)
-    owner = init.__qualname__.removesuffix(".__init__")
-    folded = {name: as_group(cls, given.get(name)) for name, (cls, _) in groups.items()}
-    updates: dict[str, dict[str, Any]] = {name: {} for name in groups}
-    for key, value in flat.items():
+    named = inspect.signature(init).parameters
+    upgraded: dict[str, Any] = {}
+    moved: dict[str, dict[str, Any]] = {}
+    for key, value in hparams.items():
+        if key in named or key.startswith("_"):
+            upgraded[key] = value
+            continue
         homes = _homes(groups, prefixes, key)
         if len(homes) != 1:
-            raise TypeError(f"{owner}() got an unexpected keyword argument {key!r}")
+            owner = init.__qualname__.removesuffix(".__init__")
+            raise ValueError(
+                f"the checkpoint's hyperparameter {key!r} is neither an argument of {owner} nor a field "
+                "of one of its groups"
+            )
         name, field = homes[0]
-        updates[name][field] = value
-    for name, fields in updates.items():
+        moved.setdefault(name, {})[field] = value
+    for name, fields in moved.items():
         cls, optional = groups[name]
-        current = folded[name]
-        if not fields:
-            if current is None and not optional:
-                folded[name] = cls()
+        saved = plain(upgraded.get(name))
+        if saved is None and optional and _switched_off(cls, fields):
+            upgraded[name] = None
             continue
-        if current is None and optional and _switched_off(cls, fields):
-            continue
-        folded[name] = dataclasses.replace(current, **fields) if current is not None else cls(**fields)
-    return folded
+        upgraded[name] = {**(saved or {}), **fields}
+    return upgraded
 
 
 def _homes(
@@ -143,7 +185,7 @@ def _switched_off(cls: type, fields: Mapping[str, Any]) -> bool:
 def flatten_knobs(
     init: Callable[..., Any], init_args: Mapping[str, Any], prefixes: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """The inverse of `fold_flat`: `init_args` (a resolved config's, groups as dicts) with each group's
+    """The inverse of `upgrade_flat`: `init_args` (a resolved config's, groups as dicts) with each group's
     fields under their flat names (`evaluation: {mem_len: 64}` → `eval_mem_len: 64`), so that readers
     of run configs (`report`) read runs from before and after the groups alike. A group that is None
     (off) gives no flat names."""

@@ -37,11 +37,13 @@ class Method:
     relative to the repository root (trains on CPU in minutes).
 
     tiny_knobs: the tests' smallest model (`tests/methods.py`: vocabulary 64, 2 layers, width 16), as
-    keywords of the module besides `vocab_size`; golden: the evaluations `tests/golden/` keeps, name →
-    knobs on top of `tiny_knobs` (default: one, under the method's name); kernel_knob: the knob choosing
-    the attention kernel ("eager" or "sdpa"), None where the method has only the fused one;
-    bench_knobs: its knobs in `benchmarks/compile.py`'s small network (4 layers, d 256: the
-    benchmark sets the sizes), e.g. its memory lengths at that scale.
+    arguments of the module besides `vocab_size`, each knob group as a dict of its fields
+    (`network: {...}`); golden: the evaluations `tests/golden/` keeps, name → arguments on top of
+    `tiny_knobs` (a group's dict overrides the fields it names; default: one, under the method's
+    name); kernel_knob: where the knob choosing the attention kernel ("eager" or "sdpa") is, an
+    argument or `group.field`, None where the method has only the fused one; bench_knobs: its
+    arguments in `benchmarks/compile.py`'s small network (4 layers, d 256: the benchmark sets the
+    sizes), e.g. its memory lengths at that scale.
     trainer_commands: the LightningCLI subcommands it adds (`longctx.commands`); checkpoint_formats:
     format → module converting the authors' released checkpoints (`longctx.commands.convert`).
     """
@@ -50,7 +52,7 @@ class Method:
     tiny_config: str
     tiny_knobs: Mapping[str, Any] = field(default_factory=dict)
     golden: Mapping[str, Mapping[str, Any]] | None = None
-    kernel_knob: str | None = "attention"
+    kernel_knob: str | None = "network.attention"
     bench_knobs: Mapping[str, Any] = field(default_factory=dict)
     trainer_commands: Mapping[str, TrainerCommand] = field(default_factory=dict)
     checkpoint_formats: Mapping[str, str] = field(default_factory=dict)
@@ -70,25 +72,32 @@ METHODS: dict[str, Method] = {
     "adaptive_span": Method(
         "longctx.methods.adaptive_span.module.AdaptiveSpanLM",
         "configs/adaptive_span_tiny.yaml",
-        tiny_knobs={**TINY_SIZES, "attn_span": 32},
-        golden={"adaptive_span": {}, "fixed_span": {"span": "fixed"}},
-        bench_knobs={"attn_span": 512, "span_init": 0.1},
+        tiny_knobs={"network": {**TINY_SIZES, "attn_span": 32}},
+        golden={"adaptive_span": {}, "fixed_span": {"network": {"span": "fixed"}}},
+        bench_knobs={"network": {"attn_span": 512, "span_init": 0.1}},
         checkpoint_formats={"adaptive-span": "longctx.methods.adaptive_span.convert"},
     ),
     "compressive_transformer": Method(
         "longctx.methods.compressive_transformer.module.CompressiveTransformerLM",
         "configs/compressive_transformer_tiny.yaml",
         # c = 2: with c = 3 the memory's length cycles and torch.compile recompiles every step.
-        tiny_knobs={**TINY_SIZES, "dropout": 0.0, "mem_len": 8, "cmem_len": 4, "compression_rate": 2},
+        tiny_knobs={
+            "network": {**TINY_SIZES, "dropout": 0.0, "compression_rate": 2},
+            "mem_len": 8,
+            "cmem_len": 4,
+        },
         # c = 2 divides the segment and n_m: both memories keep one shape once full.
-        bench_knobs={"mem_len": 64, "cmem_len": 64, "compression_rate": 2},
+        bench_knobs={"network": {"compression_rate": 2}, "mem_len": 64, "cmem_len": 64},
     ),
     "recurrence": Method(
         "longctx.methods.recurrence.module.RecurrentGPT2LM",
         "configs/recurrent_gpt2_tiny.yaml",
-        tiny_knobs={"gpt2_config": TINY_GPT2, "insert_layer": 1},
+        tiny_knobs={"gpt2_config": TINY_GPT2, "window_recurrence": {"insert_layer": 1}},
         # ffn_width 32: the paper's 200 would make the stored weights 400 kB.
-        golden={"recurrent_gpt2": {"ffn_width": 32}, "gpt2_window": {"recurrence": False}},
+        golden={
+            "recurrent_gpt2": {"window_recurrence": {"ffn_width": 32}},
+            "gpt2_window": {"recurrence": False},
+        },
         kernel_knob="attn_implementation",
         trainer_commands={
             "evaluate_overlaps": TrainerCommand(
@@ -101,7 +110,7 @@ METHODS: dict[str, Method] = {
         "longctx.methods.recurrent_memory.module.RecurrentMemoryLM",
         "configs/recurrent_memory_tiny.yaml",
         # m = 2: TINY_GPT2's 32 positions hold the tests' 16-token windows and the 4 memory tokens.
-        tiny_knobs={"gpt2_config": TINY_GPT2, "num_mem_tokens": 2},
+        tiny_knobs={"gpt2_config": TINY_GPT2, "memory_cell": {"num_mem_tokens": 2}},
         kernel_knob="attn_implementation",
         # T + 2m positions: the benchmark's 128-token windows and 16 memory tokens read and written.
         bench_knobs={"gpt2_config": {"n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 160}},
@@ -109,11 +118,11 @@ METHODS: dict[str, Method] = {
     "transformer_xl": Method(
         "longctx.methods.transformer_xl.module.TransformerXLLM",
         "configs/transformer_xl_tiny.yaml",
-        tiny_knobs={**TINY_SIZES, "mem_len": 16},
+        tiny_knobs={"network": TINY_SIZES, "mem_len": 16},
         bench_knobs={"mem_len": 128},
         golden={
             "transformer_xl": {},
-            "trams": {"protocol": "trams", "trams_attended": 8, "trams_kept": 4},
+            "trams": {"protocol": "trams", "trams": {"attended": 8, "kept": 4}},
             "rpe": {"mem_len": 0},
         },
         checkpoint_formats={
@@ -124,7 +133,7 @@ METHODS: dict[str, Method] = {
     "window_transformer": Method(
         "longctx.methods.window_transformer.module.WindowTransformerLM",
         "configs/window_transformer_tiny.yaml",
-        tiny_knobs={**TINY_SIZES, "max_len": 16},  # = the tests' segment length
+        tiny_knobs={"network": {**TINY_SIZES, "max_len": 16}},  # max_len = the tests' segment length
         kernel_knob=None,  # SDPA only
     ),
 }

@@ -52,8 +52,8 @@ attended distance at evaluation only; it is longctx's, not the paper's.
 Knobs: the network's are one frozen dataclass, network.py:SpanTransformerConfig (=
 `SpanTransformer.Config`, `model.init_args.network.*` in configs: sizes, S, dropout, span kind, R,
 z' and b at init, chunk size, trimming, attention kernel); the module's own are λ (`span_loss`) and
-`eval_span_cap`. `AdaptiveSpanLM(d_model=..., attn_span=...)` and `SpanTransformer(V, d_model, ...)`
-still take the fields as flat arguments (folded into the Config).
+`eval_span_cap`. `AdaptiveSpanLM(network={"d_model": ..., "attn_span": ...})` takes the group as the
+Config or a dict of its fields; `SpanTransformer(V, config)`, or `config.build(V)`, the Config.
 
 Files: `mask.py` (m_z, z, z_t, trimming), `attention.py` (the band attention), `network.py` (pure
 PyTorch), `memory.py` (the caches), `flops.py`, `figures.py`, `convert.py` (the authors' checkpoints),

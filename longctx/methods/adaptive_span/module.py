@@ -68,9 +68,6 @@ class AdaptiveSpanLM(LMBase):
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
             init_args: jsonargparse carries init_args whose names match over from the default class.
-        **flat: the network's fields as flat keywords (`AdaptiveSpanLM(vocab_size=V, d_model=64,
-            attn_span=256)`), folded into `network`: what Python callers write and what checkpoints
-            saved before the groups existed hold.
     """
 
     batch_mode = "segments"
@@ -86,9 +83,8 @@ class AdaptiveSpanLM(LMBase):
         tbptt_segments: int = 1,
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
-        **flat: Any,
     ) -> None:
-        groups = self.fold_knobs(dict(network=network), flat)
+        groups = self.read_groups(dict(network=network))
         network = groups["network"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()

@@ -10,13 +10,12 @@ earlier blocks, so every token attends to its S previous tokens across block bou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.core.knob_groups import check_probabilities, check_sizes, network_config
+from longctx.core.knob_groups import check_probabilities, check_sizes
 from longctx.methods.adaptive_span.attention import SpanAttention, SpanKind, SpanTrim, check_span_knobs
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.attention_kernel import AttentionKernel
@@ -125,15 +124,14 @@ class SpanTransformer(nn.Module):
     """Sequential transformer LM with fixed, adaptive or dynamic attention spans.
 
     `SpanTransformer(vocab_size, config)` with a `SpanTransformer.Config` (its fields document the
-    knobs), or `SpanTransformer(vocab_size, d_model, n_layers, ..., attention=...)` with its fields
-    as arguments (in the Config's order).
+    knobs; or `config.build(vocab_size)`).
     """
 
     Config = SpanTransformerConfig
 
-    def __init__(self, vocab_size: int, *knobs: Any, **named_knobs: Any) -> None:
+    def __init__(self, vocab_size: int, config: SpanTransformerConfig) -> None:
         super().__init__()
-        self.config = config = network_config(SpanTransformerConfig, knobs, named_knobs)
+        self.config = config
         self.d_model, self.span = config.d_model, config.span
         self.in_emb = nn.Embedding(vocab_size, config.d_model)
         self.out_emb = nn.Linear(config.d_model, vocab_size)

@@ -5,15 +5,15 @@ The memory carried across batches is, per layer, the last `mem_len` (n_m) inputs
 document (PG-19 books) get both cleared; a resumed run restarts them empty, as for Transformer-XL.
 Training uses `mem_len`, `cmem_len`, `clamp_len`, `same_length`; validation and test the
 `evaluation` group's (`CompressiveEvaluationMemory`, in configs
-`model.init_args.evaluation.cmem_len`; flat `eval_cmem_len` in Python and in checkpoints saved
-before the groups; None = the training value), so a checkpoint can be evaluated with longer
-memories. At evaluation both memories carry their keys and values (`evaluation.cache_kv`, default
-on, as Transformer-XL's): each slot is projected once, when it enters its memory.
+`model.init_args.evaluation.cmem_len`, flat name `eval_cmem_len`; None = the training value), so a
+checkpoint can be evaluated with longer memories. At evaluation both memories carry their keys and
+values (`evaluation.cache_kv`, default on, as Transformer-XL's): each slot is projected once, when it
+enters its memory.
 
 Knobs: the network's, Transformer-XL's and f_c's, are one `CompressiveTransformer.Config`
 (`model.init_args.network.*`); the memory lengths, the loss weight, f_c's learning rate and the logging
-switch stay this module's own. Every earlier keyword (`n_layers=`, `compression_rate=`,
-`eval_cmem_len=`) is still accepted and folds into its group (`LMBase.fold_knobs`).
+switch stay this module's own. Checkpoints saved with the flat names of before the groups
+(`n_layers=`, `compression_rate=`, `eval_cmem_len=`) load through `LMBase.load_from_checkpoint`.
 
 f_c learns only from the reconstruction loss (`network.py`), added to the training loss as
 `reconstruction_weight` × loss (`StepOutput.extra_loss`). Its gradients never mix with the main
@@ -50,7 +50,6 @@ from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.context_axes import MEMORY
-from longctx.methods.transformer_xl.memory import length_attributes
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,6 @@ class CompressiveTransformerLM(LMBase):
             default: the fused kernels return no probabilities, so this runs the evaluation
             attention op by op (the tiny and enwik8 configs turn it on).
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
-        **flat: the groups' fields under their names before the groups (`n_layers=4`,
-            `compression_rate=2`, `eval_cmem_len=32`; `LMBase.fold_knobs`): Python callers and
-            checkpoints saved before them.
     """
 
     batch_mode = "segments"
@@ -127,9 +123,8 @@ class CompressiveTransformerLM(LMBase):
         log_compressed_attention: bool = False,
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
-        **flat: Any,
     ) -> None:
-        groups = self.fold_knobs(dict(network=network, evaluation=evaluation), flat)
+        groups = self.read_groups(dict(network=network, evaluation=evaluation))
         network, evaluation = groups["network"], groups["evaluation"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
@@ -144,15 +139,6 @@ class CompressiveTransformerLM(LMBase):
         self.reconstruction_weight = reconstruction_weight
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention
-
-    # The flat attribute names of checkpoints without knob groups (read and set; one stored value:
-    # the two CompressiveLengths).
-    mem_len, cmem_len, clamp_len, same_length = length_attributes(
-        "train_lengths", "mem_len", "cmem_len", "clamp_len", "same_length"
-    )
-    eval_mem_len, eval_cmem_len, eval_clamp_len, eval_same_length = length_attributes(
-        "eval_lengths", "mem_len", "cmem_len", "clamp_len", "same_length"
-    )
 
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> CompressiveMemory:

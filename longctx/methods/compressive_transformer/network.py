@@ -25,13 +25,12 @@ reaches f_c. The auto-encoding loss ‖old_mem − g(f_c(old_mem))‖² with a l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.core.knob_groups import network_config
 from longctx.methods.attention_kernel import at_least_float32, split_heads
 from longctx.methods.compressive_transformer.compression import (
     COMPRESSIONS,
@@ -45,8 +44,6 @@ from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import AttentionOutput, RelMultiHeadAttention
 
 Reconstruction = Literal["attention", "autoencoding"]
-# The Config's fields beyond Transformer-XL's, in the order the network took them positionally before.
-COMPRESSION_FIELDS = ("compression", "compression_rate", "reconstruction")
 
 
 @dataclass
@@ -98,21 +95,13 @@ class CompressiveTransformerConfig(TransformerXL.Config):
 class CompressiveTransformer(TransformerXL):
     """Compressive Transformer language model (network only).
 
-    `CompressiveTransformer(vocab_size, config)` with a `CompressiveTransformer.Config`, or
-    `CompressiveTransformer(vocab_size, n_layers, d_model, ..., compression=..., compression_rate=...,
-    reconstruction=...)` with its fields as arguments (Transformer-XL's positional in their order, the
-    compression's by keyword). The form before the Config, `CompressiveTransformer(vocab_size,
-    compression, compression_rate, reconstruction, **xl)`, still reads the same: a leading positional
-    string is a compression kind (n_layers never is).
+    `CompressiveTransformer(vocab_size, config)` with a `CompressiveTransformer.Config` (or
+    `config.build(vocab_size)`).
     """
 
     Config = CompressiveTransformerConfig
 
-    def __init__(self, vocab_size: int, *knobs: Any, **named_knobs: Any) -> None:
-        if knobs and isinstance(knobs[0], str):  # the form before the Config
-            named_knobs = {**dict(zip(COMPRESSION_FIELDS, knobs)), **named_knobs}
-            knobs = knobs[len(COMPRESSION_FIELDS) :]
-        config = network_config(CompressiveTransformerConfig, knobs, named_knobs)
+    def __init__(self, vocab_size: int, config: CompressiveTransformerConfig) -> None:
         super().__init__(vocab_size, config)  # XL's network from the Config's XL fields; self.config = config
         c = config.compression_rate
         self.compression_rate, self.reconstruction = c, config.reconstruction

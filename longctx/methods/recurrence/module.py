@@ -63,9 +63,7 @@ class RecurrentGPT2LM(LMBase):
         window_recurrence: the recurrence's knobs (`WindowRecurrence.Config`: insert_layer ℓ_ins, the
             0-based block that reads h_prev (paper: 2); ffn_width, ffn_hidden_layers, ffn_activation,
             the FFN z -> h_prev (paper: 3 hidden layers of 200); pool_embeddings; slot_norm); in
-            configs `model.init_args.window_recurrence.insert_layer`. Python callers and checkpoints
-            saved before the group existed may give them as flat keywords (`insert_layer=1`): they
-            are folded into it.
+            configs `model.init_args.window_recurrence.insert_layer`.
         checkpoint_windows: gradient checkpointing per window in training (paper §3.2).
         window_by_window: with `checkpoint_windows`, run the backward one window at a time in reverse
             (`longctx/methods/bptt.py`: the memory of one window, gradients included); False:
@@ -104,9 +102,8 @@ class RecurrentGPT2LM(LMBase):
         eval_h_prev: Literal["carried", "reset"] = "carried",
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
-        **flat: Any,
     ) -> None:
-        groups = self.fold_knobs(dict(window_recurrence=window_recurrence), flat)
+        groups = self.read_groups(dict(window_recurrence=window_recurrence))
         window_recurrence = groups["window_recurrence"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()

@@ -39,13 +39,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from longctx.core.knob_groups import network_config
 from longctx.core.recall import target_is_argmax
 from longctx.methods.bptt import unroll
 from longctx.methods.recurrence.chunked_loss import linear_cross_entropy
@@ -284,17 +283,15 @@ class WindowRecurrence(nn.Module):
     The LM is an argument of every call, not a sub-module, so a module holding both keeps the LM's
     parameter names (`lm.*`) whether or not it has the recurrence (the windowed baseline).
 
-    `WindowRecurrence(d_model, n_layers, config)` with a `WindowRecurrence.Config`, or
-    `WindowRecurrence(d_model, n_layers, insert_layer=..., ...)` with its fields as arguments
-    (positional in the Config's order, or by name); d_model, n_layers: the LM's hidden size and
-    number of blocks.
+    `WindowRecurrence(d_model, n_layers, config)` with a `WindowRecurrence.Config` (or
+    `config.build(d_model, n_layers)`); d_model, n_layers: the LM's hidden size and number of blocks.
     """
 
     Config = WindowRecurrenceConfig
 
-    def __init__(self, d_model: int, n_layers: int, *knobs: Any, **named_knobs: Any) -> None:
+    def __init__(self, d_model: int, n_layers: int, config: WindowRecurrenceConfig) -> None:
         super().__init__()
-        self.config = config = network_config(WindowRecurrenceConfig, knobs, named_knobs)
+        self.config = config
         if config.insert_layer >= n_layers:
             raise ValueError(f"insert_layer (ℓ_ins) must be in [0, {n_layers}), got {config.insert_layer}")
         self.insert_layer = config.insert_layer

@@ -56,8 +56,7 @@ class RecurrentMemoryLM(LMBase):
             n_positions, dropouts...) of a randomly initialised GPT-2. n_positions must hold a
             segment and its 2m memory tokens (T + 2m).
         memory_cell: the memory's knobs (`MemoryCell.Config`: num_mem_tokens, m); in configs
-            `model.init_args.memory_cell.num_mem_tokens`. Python callers may give them as flat
-            keywords (`num_mem_tokens=4`).
+            `model.init_args.memory_cell.num_mem_tokens`.
         train_memory: what a training batch's first segment reads: "carried" (the memory written
             by the row's previous batch, detached: truncated backpropagation through time over the
             stream) or "fresh" (the initial memory: every batch is an independent sample of K
@@ -92,9 +91,8 @@ class RecurrentMemoryLM(LMBase):
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
-        **flat: Any,
     ) -> None:
-        memory_cell = self.fold_knobs(dict(memory_cell=memory_cell), flat)["memory_cell"]
+        memory_cell = self.read_groups(dict(memory_cell=memory_cell))["memory_cell"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
         if train_memory not in ("carried", "fresh"):

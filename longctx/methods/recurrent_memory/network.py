@@ -39,13 +39,12 @@ sub-module, so a module holding both keeps the LM's parameter names `lm.*`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from longctx.core.data_facts import DataMismatch
-from longctx.core.knob_groups import network_config
 from longctx.core.recall import target_is_argmax
 from longctx.methods.bptt import unroll
 from longctx.methods.recurrent_memory.memory import read_memory
@@ -75,16 +74,16 @@ class MemoryCellConfig:
 class MemoryCell(nn.Module):
     """The learned initial memory and the recurrence over segments.
 
-    `MemoryCell(embedding, config)` with a `MemoryCell.Config`, or `MemoryCell(embedding,
-    num_mem_tokens=...)` with its fields; embedding: the backbone's token embedding (V, d), which
-    gives the memory its width d and the scale of its initialisation.
+    `MemoryCell(embedding, config)` with a `MemoryCell.Config` (or `config.build(embedding)`);
+    embedding: the backbone's token embedding (V, d), which gives the memory its width d and the
+    scale of its initialisation.
     """
 
     Config = MemoryCellConfig
 
-    def __init__(self, embedding: Tensor, *knobs: Any, **named_knobs: Any) -> None:
+    def __init__(self, embedding: Tensor, config: MemoryCellConfig) -> None:
         super().__init__()
-        self.config = config = network_config(MemoryCellConfig, knobs, named_knobs)
+        self.config = config
         self.num_mem_tokens = m = config.num_mem_tokens
         scale = embedding.detach().std()
         # The initial memory H_0^mem (m, d) (`create_memory`).

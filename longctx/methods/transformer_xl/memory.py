@@ -69,23 +69,6 @@ class MemoryLengths:
         return dataclasses.replace(training, **given)
 
 
-def length_attributes(lengths: str, *names: str) -> tuple[property, ...]:
-    """Properties reading and setting `self.<lengths>.<name>` for each name: the flat attributes a
-    module had before its lengths were `MemoryLengths` (`model.eval_mem_len = 64` still works, and
-    one value is stored)."""
-
-    def attribute(name: str) -> property:
-        def get(self: object) -> int | bool:
-            return getattr(getattr(self, lengths), name)
-
-        def set_(self: object, value: int | bool) -> None:
-            setattr(self, lengths, dataclasses.replace(getattr(self, lengths), **{name: value}))
-
-        return property(get, set_, doc=f"`{lengths}.{name}`")
-
-    return tuple(attribute(name) for name in names)
-
-
 class XLMemory(NamedTuple):
     """The memory of a batch of rows; P = slots held (at most mem_len, or the TRAMS pool M).
 

@@ -5,8 +5,8 @@ The memory carried across batches is, per layer, the last `mem_len` inputs of th
 validity mask (`memory.py`). Every evaluation knob is an init argument, so it can be
 changed without retraining: LightningCLI builds the model from the config and then loads the
 checkpoint's weights (`python -m longctx test --config configs/trams_wt103.yaml --ckpt_path X`), and
-`TransformerXLLM.load_from_checkpoint(X, trams_attended=200, ...)` overrides the stored ones (flat
-names fold into the knob groups: `longctx.core.knob_groups`).
+`TransformerXLLM.load_from_checkpoint(X, trams={"attended": 200, "kept": 150})` overrides the stored
+ones (a group's dict overrides the fields it names: `LMBase.load_from_checkpoint`).
 
 Training uses `mem_len`, `clamp_len`, `same_length`. Validation and test use the `evaluation` group
 (`EvaluationMemory`: mem_len, clamp_len, same_length, None = the training value; flat names
@@ -53,7 +53,7 @@ from longctx.core.run_settings import first_set
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl.context_axes import ATTENDED, MEMORY
-from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory, length_attributes
+from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
 
@@ -98,8 +98,6 @@ class TransformerXLLM(LMBase):
             end (truncated BPTT over k segments, `LMBase`); 1: the paper's stop-gradient on the
             memory at every segment.
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam 2.5e-4, cosine, no warm-up).
-        **flat: any field of the groups by its flat name (`n_layers=4`, `eval_mem_len=64`,
-            `trams_attended=200`; `longctx.core.knob_groups`): Python callers and earlier checkpoints.
     """
 
     batch_mode = "segments"
@@ -121,9 +119,8 @@ class TransformerXLLM(LMBase):
         tbptt_segments: int = 1,
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
-        **flat: Any,
     ) -> None:
-        groups = self.fold_knobs(dict(network=network, evaluation=evaluation, trams=trams), flat)
+        groups = self.read_groups(dict(network=network, evaluation=evaluation, trams=trams))
         network, evaluation, trams = groups["network"], groups["evaluation"], groups["trams"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
@@ -148,15 +145,6 @@ class TransformerXLLM(LMBase):
                 )
         self.log_attention_mass = log_attention_mass
         self.tbptt_segments = tbptt_segments
-
-    # The flat attribute names of checkpoints without knob groups (read and set; one stored value:
-    # the two MemoryLengths).
-    mem_len, clamp_len, same_length = length_attributes(
-        "train_lengths", "mem_len", "clamp_len", "same_length"
-    )
-    eval_mem_len, eval_clamp_len, eval_same_length = length_attributes(
-        "eval_lengths", "mem_len", "clamp_len", "same_length"
-    )
 
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> XLMemory:

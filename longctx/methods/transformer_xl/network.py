@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.core.knob_groups import check_probabilities, check_sizes, network_config
+from longctx.core.knob_groups import check_probabilities, check_sizes
 from longctx.methods.attention_kernel import AttentionKernel, check_attention_kernel
 from longctx.methods.transformer_xl.adaptive_softmax import (
     AdaptiveEmbedding,
@@ -178,15 +177,14 @@ class XLOutput:
 class TransformerXL(nn.Module):
     """Transformer-XL language model (network only; the losses come from `nll`).
 
-    `TransformerXL(vocab_size, config)` with a `TransformerXL.Config`, or `TransformerXL(vocab_size,
-    n_layers, d_model, ..., attention=...)` with its fields as arguments (in the Config's order).
+    `TransformerXL(vocab_size, config)` with a `TransformerXL.Config` (or `config.build(vocab_size)`).
     """
 
     Config = TransformerXLConfig
 
-    def __init__(self, vocab_size: int, *knobs: Any, **named_knobs: Any) -> None:
+    def __init__(self, vocab_size: int, config: TransformerXLConfig) -> None:
         super().__init__()
-        self.config = config = network_config(TransformerXLConfig, knobs, named_knobs)
+        self.config = config
         self.attention = config.attention
         d_model, n_heads, n_layers = config.d_model, config.n_heads, config.n_layers
         d_head = config.head_dim

@@ -29,9 +29,7 @@ class WindowTransformerLM(LMBase):
 
     Args:
         network: the network's knobs (`WindowTransformer.Config`: d_model, n_layers, n_heads,
-            d_inner, max_len, dropout); in configs `model.init_args.network.d_model`. Python callers
-            and checkpoints saved before the group existed may give them as flat keywords
-            (`WindowTransformerLM(vocab_size=V, d_model=64)`): they are folded into it.
+            d_inner, max_len, dropout); in configs `model.init_args.network.d_model`.
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
     """
 
@@ -43,9 +41,8 @@ class WindowTransformerLM(LMBase):
         network: WindowTransformer.Config = WindowTransformer.Config(),  # noqa: B008 (frozen)
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
-        **flat: Any,
     ) -> None:
-        network = self.fold_knobs(dict(network=network), flat)["network"]
+        network = self.read_groups(dict(network=network))["network"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
         self.net = network.build(vocab_size)

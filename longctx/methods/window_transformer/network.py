@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longctx.core.knob_groups import check_probabilities, check_sizes, network_config
+from longctx.core.knob_groups import check_probabilities, check_sizes
 
 
 class CausalSelfAttention(nn.Module):
@@ -95,16 +94,15 @@ class WindowTransformerConfig:
 class WindowTransformer(nn.Module):
     """Token ids (B, L) → next-token logits (B, L, V), each row of L tokens read independently.
 
-    `WindowTransformer(vocab_size, config)` with a `WindowTransformer.Config`, or
-    `WindowTransformer(vocab_size, d_model, n_layers, n_heads, d_inner, max_len, dropout)` with its
-    fields as arguments (positional in the Config's order, or by name).
+    `WindowTransformer(vocab_size, config)` with a `WindowTransformer.Config` (or
+    `config.build(vocab_size)`).
     """
 
     Config = WindowTransformerConfig
 
-    def __init__(self, vocab_size: int, *knobs: Any, **named_knobs: Any) -> None:
+    def __init__(self, vocab_size: int, config: WindowTransformerConfig) -> None:
         super().__init__()
-        self.config = config = network_config(WindowTransformerConfig, knobs, named_knobs)
+        self.config = config
         d_model, n_layers = config.d_model, config.n_layers
         self.max_len = config.max_len
         self.token_emb = nn.Embedding(vocab_size, d_model)
