@@ -54,7 +54,7 @@ def config(model_settings: dict) -> dict:
             "check_val_every_n_epoch": None,
             "callbacks": [
                 {
-                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "class_path": "longctx.callbacks.RunCheckpoint",
                     "init_args": {"save_last": True},
                 }
             ],
