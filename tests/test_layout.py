@@ -19,10 +19,10 @@ import pytest
 from longctx.core.base import LMBase
 from longctx.methods import registry
 from longctx.runtime import run_layout
-from tests.methods import TINY
+from tests.helpers.environment import REPO
+from tests.helpers.methods import TINY
 from tests.test_configs import load_expected
 
-REPO = Path(__file__).resolve().parents[1]
 METHODS = sorted(p for p in (REPO / "longctx" / "methods").iterdir() if (p / "__init__.py").is_file())
 PURE_ROLES = ("network.py", "flops.py", "memory.py")
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
@@ -433,8 +433,8 @@ ITERATES_THE_REGISTRY = [
     *(p for p in SHARED),
     *(p for p in (REPO / "longctx" / "methods").glob("*.py") if p.name != "registry.py"),
     REPO / "benchmarks" / "compile.py",
-    REPO / "tests" / "methods.py",
-    REPO / "tests" / "golden_runs.py",
+    REPO / "tests" / "helpers" / "methods.py",
+    REPO / "tests" / "helpers" / "golden_runs.py",
 ]
 
 
