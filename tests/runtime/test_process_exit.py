@@ -10,18 +10,19 @@ import sys
 import pytest
 
 from longctx import commands
-from longctx.runtime.process_exit import exit_status
+from longctx.runtime.process_exit import exit_status, joined_process_group
 from tests.helpers.environment import REPO
 
 # A process that prints what ran at its end: its exit handler, a non-daemon thread, and an object
 # freed only by finalization (a __main__ global whose __del__ prints).
 ENDING = """
 import atexit, sys, threading, time
-import torch
-import torch.distributed as dist
 from longctx.runtime.process_exit import run_and_exit_cleanly
 
 join, how = sys.argv[1] == "join", sys.argv[2]
+if join:  # only a process that joins a group spends seconds importing torch
+    import torch
+    import torch.distributed as dist
 
 class FreedAtFinalization:
     def __del__(self):
@@ -55,7 +56,7 @@ CONTROLS = [("return", 0), ("message", 1)]
 @pytest.fixture(scope="module")
 def ended() -> dict[tuple[bool, str], subprocess.CompletedProcess]:
     """Each process of the tests below by (joins a group, how it ends), all started at once (each
-    spends seconds importing torch)."""
+    that joins a group spends seconds importing torch)."""
     runs = [(True, how) for how, _, _ in ENDINGS] + [(False, how) for how, _ in CONTROLS]
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     started = {
@@ -82,7 +83,12 @@ def test_a_process_in_a_group_ends_with_its_status_after_handlers_and_threads_wi
 
 @pytest.mark.parametrize("how,status", CONTROLS)
 def test_a_process_outside_any_group_ends_as_python_ends_it(ended, how, status):
-    """The control: the same process without a group finalizes (so the test above can fail)."""
+    """The control: the same process without a group finalizes (so the test above can fail). It does
+    not import torch; a process that imported torch.distributed without joining a group is not in
+    one either (this test's own process)."""
+    import torch.distributed  # noqa: F401  (imported, no group initialised)
+
+    assert not joined_process_group()
     out = ended[False, how]
     assert out.returncode == status
     assert out.stdout.splitlines() == ["thread done", "exit handler ran", "finalized"]
