@@ -1,6 +1,6 @@
 """The README and docs/ as a reader meets them: every relative link and image resolves to a file and,
-with `#anchor`, to a heading of it (GitHub's anchors); the README fits on a page; its install and
-test commands are the ones CI (`.ci/run`) runs."""
+with `#anchor`, to a heading of it (GitHub's anchors); every test a page names exists; the README fits
+on a page; its install and test commands are the ones CI (`.ci/run`) runs."""
 
 from __future__ import annotations
 
@@ -82,6 +82,30 @@ def test_every_relative_link_resolves(path):
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{target}: no heading with anchor #{anchor}")
     assert not broken, f"{path.relative_to(REPO)}: " + "; ".join(broken)
+
+
+# `tests/x/test_y.py::test_z`, `test_y.py::test_z` (a file name is unique under tests/), or `::test_z`
+# (another test of the file named before it on the line).
+TEST_REFERENCE = re.compile(r"`((?:tests/)?(?:[\w/]+/)?(test_\w+\.py))?::(\w+)")
+
+
+def test_every_test_a_page_names_exists():
+    """docs/bad_inputs.md names the test of each row: a moved or renamed test must not leave a page
+    pointing at nothing."""
+    files = list((REPO / "tests").rglob("test_*.py"))
+    by_name = {path.name: [p for p in files if p.name == path.name] for path in files}
+    missing = []
+    for page in MARKDOWN:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            current: Path | None = None
+            for match in TEST_REFERENCE.finditer(line):
+                reference, name, test = match.groups()
+                if reference:
+                    found = [REPO / reference] if "/" in reference else by_name.get(name, [])
+                    current = found[0] if len(found) == 1 and found[0].is_file() else None
+                if current is None or not re.search(rf"^\s*(async )?def {test}\(", current.read_text(), re.M):
+                    missing.append(f"{page.relative_to(REPO)}: {match.group(0)}")
+    assert not missing, "no such test: " + "; ".join(missing)
 
 
 def test_the_readme_fits_on_a_page():
