@@ -1,10 +1,10 @@
 """What every test may rely on, and nothing about this machine.
 
-- `shared_dir()` (`tests/environment.py`): the folder of real corpus pieces, GPT-2 BPE files and the
+- `shared_dir()` (`tests/helpers/environment.py`): the folder of real corpus pieces, GPT-2 BPE files and the
   authors' checkpoints, `../shared` beside the repository (or `$LONGCTX_SHARED`). A stranger's clone
   has none: tests that need it carry `skip_without_shared(...)` and skip, saying which path is
   missing. Point `LONGCTX_SHARED` at an empty folder to check that the suite skips (never fails)
-  without it. Test modules import these helpers from `tests/environment.py`, never this file.
+  without it. Test modules import these helpers from `tests/helpers/environment.py`, never this file.
 - W&B is off unless a test turns it on (no account, no network, no `wandb/` folders).
 - Token caches go to a temporary folder of each test (`$LONGCTX_CACHE`), never to the user's cache;
   the W&B folders a CLI run points into its run directory are unset again after each test.
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.environment import cuda_missing
+from tests.helpers.environment import cuda_missing
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # read when torch is imported, after this file
@@ -64,8 +64,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden",
         action="store_true",
-        help="tests/test_golden.py: rewrite the golden numbers in tests/golden/ instead of comparing "
-        "them (a deliberate act: the commit message says why the numbers moved)",
+        help="tests/integration/test_golden.py: rewrite the golden numbers in tests/golden/ instead of "
+        "comparing them (a deliberate act: the commit message says why the numbers moved)",
     )
 
 

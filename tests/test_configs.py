@@ -37,9 +37,10 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.environment import REPO
+
 CONFIGS = REPO / "configs"
-EXPECTED = Path(__file__).resolve().parent / "fixtures" / "resolved_configs"
+EXPECTED = REPO / "tests" / "fixtures" / "resolved_configs"
 # One experiment config per base chain (adaptive span, Transformer-XL training, TRAMS evaluation,
 # GPT-2 recurrence, a tiny CPU run): the fast tier's check that composition resolves as before.
 FAST = {"adaptive_span", "transformer_xl_wt103", "trams_wt103", "recurrent_gpt2_pg19", "quickstart"}

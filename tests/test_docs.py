@@ -1,6 +1,6 @@
 """The README and docs/ as a reader meets them: every relative link and image resolves to a file and,
-with `#anchor`, to a heading of it (GitHub's anchors); the README fits on a page; its install and
-test commands are the ones CI (`.ci/run`) runs."""
+with `#anchor`, to a heading of it (GitHub's anchors); every test a page names exists; the README fits
+on a page; its install and test commands are the ones CI (`.ci/run`) runs."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+from tests.helpers.environment import REPO
+
+README = REPO / "README.md"
 MARKDOWN = [
     README,
-    ROOT / "configs" / "README.md",
-    ROOT / "benchmarks" / "RESULTS.md",
-    *sorted((ROOT / "docs").rglob("*.md")),
+    REPO / "configs" / "README.md",
+    REPO / "benchmarks" / "RESULTS.md",
+    *sorted((REPO / "docs").rglob("*.md")),
 ]
 
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -70,7 +71,7 @@ def test_github_anchor_follows_githubs_rules():
     )
 
 
-@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_relative_link_resolves(path):
     broken = []
     for target in relative_links(path):
@@ -80,7 +81,31 @@ def test_every_relative_link_resolves(path):
             broken.append(f"{target}: no such file")
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{target}: no heading with anchor #{anchor}")
-    assert not broken, f"{path.relative_to(ROOT)}: " + "; ".join(broken)
+    assert not broken, f"{path.relative_to(REPO)}: " + "; ".join(broken)
+
+
+# `tests/x/test_y.py::test_z`, `test_y.py::test_z` (a file name is unique under tests/), or `::test_z`
+# (another test of the file named before it on the line).
+TEST_REFERENCE = re.compile(r"`((?:tests/)?(?:[\w/]+/)?(test_\w+\.py))?::(\w+)")
+
+
+def test_every_test_a_page_names_exists():
+    """docs/bad_inputs.md names the test of each row: a moved or renamed test must not leave a page
+    pointing at nothing."""
+    files = list((REPO / "tests").rglob("test_*.py"))
+    by_name = {path.name: [p for p in files if p.name == path.name] for path in files}
+    missing = []
+    for page in MARKDOWN:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            current: Path | None = None
+            for match in TEST_REFERENCE.finditer(line):
+                reference, name, test = match.groups()
+                if reference:
+                    found = [REPO / reference] if "/" in reference else by_name.get(name, [])
+                    current = found[0] if len(found) == 1 and found[0].is_file() else None
+                if current is None or not re.search(rf"^\s*(async )?def {test}\(", current.read_text(), re.M):
+                    missing.append(f"{page.relative_to(REPO)}: {match.group(0)}")
+    assert not missing, "no such test: " + "; ".join(missing)
 
 
 def test_the_readme_fits_on_a_page():
@@ -91,7 +116,7 @@ def test_ci_installs_and_tests_as_the_readme_says():
     """`.ci/run` installs and tests "exactly as README.md says": each command of the README's Install block
     and both test tiers it names are lines of `.ci/run`."""
     readme = README.read_text(encoding="utf-8")
-    ci = {line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()}
+    ci = {line.strip() for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()}
     install = readme.split("## Install", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     pip = [line.split("#")[0].strip() for line in install.splitlines() if line.startswith("pip install")]
     assert pip == ["pip install torch==2.13.0", 'pip install -e ".[dev]"']

@@ -19,10 +19,10 @@ import pytest
 from longctx.core.base import LMBase
 from longctx.methods import registry
 from longctx.runtime import run_layout
-from tests.methods import TINY
+from tests.helpers.environment import REPO
+from tests.helpers.methods import TINY
 from tests.test_configs import load_expected
 
-REPO = Path(__file__).resolve().parents[1]
 METHODS = sorted(p for p in (REPO / "longctx" / "methods").iterdir() if (p / "__init__.py").is_file())
 PURE_ROLES = ("network.py", "flops.py", "memory.py")
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
@@ -76,6 +76,29 @@ def test_every_method_has_a_network_and_a_module():
     assert {p.name for p in METHODS} >= expected
     for method in METHODS:
         assert (method / "network.py").is_file() and (method / "module.py").is_file(), method.name
+
+
+TEST_ONLY_FOLDERS = ("helpers", "integration")  # shared helpers; what a user runs end to end
+
+
+def test_the_tests_mirror_the_package():
+    """Each method's tests are in `tests/methods/<method>/`, and every test folder mirrors a folder of
+    `longctx/` (or `benchmarks/`, the scripts its tests run), or is one of `TEST_ONLY_FOLDERS`; each
+    is a package (its modules import as `tests.<folder>.<module>`)."""
+    folders = [p.parent for p in (REPO / "tests").rglob("*.py") if p.parent != REPO / "tests"]
+    strays = sorted(
+        str(folder.relative_to(REPO))
+        for folder in set(folders)
+        if (part := folder.relative_to(REPO / "tests")).parts[0] not in TEST_ONLY_FOLDERS
+        and not (REPO / "longctx" / part).is_dir()
+        and not (REPO / part).is_dir()
+    )
+    assert not strays, f"test folders that mirror no folder of longctx/: {strays}"
+    packages = [REPO / "tests" / "methods" / p.name for p in METHODS] + folders
+    missing = sorted({str(f.relative_to(REPO)) for f in packages if not (f / "__init__.py").is_file()})
+    assert not missing, f"test folders without __init__.py: {missing}"
+    untested = [p.name for p in METHODS if not any((REPO / "tests" / "methods" / p.name).glob("test_*.py"))]
+    assert not untested, f"methods without tests/methods/<method>/test_*.py: {untested}"
 
 
 def test_every_method_folder_is_registered_with_its_module_and_tiny_recipe():
@@ -433,8 +456,8 @@ ITERATES_THE_REGISTRY = [
     *(p for p in SHARED),
     *(p for p in (REPO / "longctx" / "methods").glob("*.py") if p.name != "registry.py"),
     REPO / "benchmarks" / "compile.py",
-    REPO / "tests" / "methods.py",
-    REPO / "tests" / "golden_runs.py",
+    REPO / "tests" / "helpers" / "methods.py",
+    REPO / "tests" / "helpers" / "golden_runs.py",
 ]
 
 

@@ -1,15 +1,17 @@
 """The tests run on a stranger's machine: no absolute paths, `../shared` located in one place
-(`conftest.shared_dir`), subprocesses started with `sys.executable` (read from the sources' AST)."""
+(`shared_dir` in tests/helpers/environment.py), subprocesses started with `sys.executable` (read
+from the sources' AST)."""
 
 from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
-TESTS = sorted(Path(__file__).resolve().parent.glob("*.py"))
+from tests.helpers.environment import REPO
+
+TESTS = sorted((REPO / "tests").rglob("*.py"))
 SUBPROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output"}
 
 
@@ -28,13 +30,13 @@ def bare_python_calls(source: str) -> list[int]:
     return lines
 
 
-@pytest.mark.parametrize("path", TESTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", TESTS, ids=lambda p: str(p.relative_to(REPO / "tests")))
 def test_no_absolute_paths_no_own_shared_lookup_no_bare_python(path):
     source = path.read_text()
     assert not re.search(r"""["'](/work|/home|/root|/Users)/""", source), "an absolute path"
     if path.name != "environment.py":
         own_lookup = re.search(r"""(\.parent|\.parents\[\d+\])\s*/\s*["']shared["']""", source)
-        assert not own_lookup, "locate ../shared with tests.environment.shared_dir()"
+        assert not own_lookup, "locate ../shared with tests.helpers.environment.shared_dir()"
     assert bare_python_calls(source) == [], "start subprocesses with sys.executable"
 
 

@@ -6,7 +6,7 @@ change shape only at the first segments (empty -> full Transformer-XL memory, ze
 cache) or when a learned span crosses a 64-position trimming step (Adaptive Span): `dynamic=None`
 lets Dynamo mark such a dimension dynamic after its first change, and the train/eval switch
 compiles the eval graphs once, so a run recompiles a handful of times and then never again (check
-with `TORCH_LOGS=recompiles`; tests/test_compile.py asserts it for all three methods on CPU
+with `TORCH_LOGS=recompiles`; tests/callbacks/test_compile.py asserts it for all three methods on CPU
 inductor, with the compiled network's loss equal to the eager one). GPUs are untested here.
 """
 

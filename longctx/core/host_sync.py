@@ -3,7 +3,7 @@
 A host sync (`.item()`, `float(t)`, `bool(t)`, `.tolist()` on a device tensor) makes the CPU wait for
 the accelerator to finish everything queued so far, so it stalls the pipeline of kernel launches.
 The networks read device values on the host only where a value becomes a tensor *shape*; each of
-those reads goes through `host_values`, and `tests/test_meta_device.py` runs every network on the
+those reads goes through `host_values`, and `tests/methods/test_meta_device.py` runs every network on the
 `meta` device (no values at all), where any other sync raises.
 
 The syncs, per forward:

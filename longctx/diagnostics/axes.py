@@ -6,7 +6,7 @@ applies is its default); the window and overlap of the data module, defined here
 Each axis changes one knob *in place* on a built model or data module, between evaluations of one
 checkpoint: every knob here is read afresh by each evaluation (nothing is precomputed from it), so
 an evaluation after `set(...)` is the `validate` run with `flags(...)` added to its command line
-(tested in tests/test_context.py). The context length of a point means:
+(tested in tests/commands/test_context.py). The context length of a point means:
 
 | axis       | methods                        | knob (flat name)  | context length |
 |------------|--------------------------------|-------------------|----------------|

@@ -2,7 +2,7 @@
 codes (score matrix, masks, softmax, probability matrix), "sdpa" in one fused kernel,
 `torch.nn.functional.scaled_dot_product_attention`, with the method's position term and masks as its
 additive float mask. Each method's fused path equals its eager one to float rounding
-(tests/test_fused_attention.py), has a backward on every device, and applies attention dropout to the
+(tests/methods/test_fused_attention.py), has a backward on every device, and applies attention dropout to the
 normalised probabilities inside the kernel (the authors' distribution, another random stream).
 
 "flex" (Transformer-XL, RPE, TRAMS, the Compressive Transformer's layers, adaptive span with a

@@ -5,7 +5,7 @@ Adding a method means one folder (`longctx/methods/<method>/`), its configs and 
 (docs/architecture.md, "Adding a method"). Shared code reaches a method only through this table:
 `longctx.commands` adds its trainer commands, `longctx.commands.convert` its checkpoint formats,
 `report` and `context` ask its module class (`LMBase.describe_run`, `LMBase.context_axes`), and
-every cross-method test (`tests/methods.py`: resume, DDP, precision, compile, train mode, meta device,
+every cross-method test (`tests/helpers/methods.py`: resume, DDP, precision, compile, train mode, meta device,
 per-token losses, golden numbers) and the compile benchmark run every method listed here.
 `tests/test_layout.py` checks that every method folder has its entry and that shared code imports no
 method.
@@ -36,7 +36,7 @@ class Method:
     """module: import path of the method's `LMBase` subclass; tiny_config: its smallest recipe, a path
     relative to the repository root (trains on CPU in minutes).
 
-    tiny_knobs: the tests' smallest model (`tests/methods.py`: vocabulary 64, 2 layers, width 16), as
+    tiny_knobs: the tests' smallest model (`tests/helpers/methods.py`: vocabulary 64, 2 layers, width 16), as
     arguments of the module besides `vocab_size`, each knob group as a dict of its fields
     (`network: {...}`); golden: the evaluations `tests/golden/` keeps, name → arguments on top of
     `tiny_knobs` (a group's dict overrides the fields it names; default: one, under the method's

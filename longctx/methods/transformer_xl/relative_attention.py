@@ -13,8 +13,8 @@ q/k/v/r/o projections have no bias; the sinusoid is [sin | cos] over positions k
 (the relative-shifted (q + v)·r, or TRAMS's gathered one), scaled and −inf on the blocked pairs, is
 its additive float mask; no score or probability matrix is materialised besides that mask (on CPU,
 where the kernel has no gradient for its mask, PyTorch runs SDPA's unfused math path when the mask
-needs one, i.e. in training). It equals
-`"eager"` (the code's op-by-op form) to float rounding (~1e-7 in float32; tests/test_fused_attention.py).
+needs one, i.e. in training). It equals `"eager"` (the code's op-by-op form) to float rounding
+(~1e-7 in float32; tests/methods/test_fused_attention.py).
 The kernel applies attention dropout to the normalised probabilities, as the code's `dropatt` after
 the softmax: the same distribution, a different random stream. Calls that need the probabilities
 (`need_mass`, `need_weights`), windows where a query has no key (same_length 0: eager's NaN is
