@@ -13,6 +13,8 @@
   by the CLI).
 - `RunRecord` (+ `recorded`): `summary.json` and `metrics.jsonl` in the run directory (registered by
   the CLI; read by `python -m longctx report` and the sweep runner).
+- `InitWeights` (`longctx.callbacks.init_weights`): a fresh `fit` starts from another checkpoint's
+  weights only (added by the CLI's `--init_weights PATH`).
 - `UpdateEveryAfter`: an update every `every` batches once `after` updates are done (Rae et al. 2020's
   late-training schedule; opt in: `trainer.callbacks`).
 - `TokenNLLWriter` (`longctx.callbacks.token_nll`): `token_nll.npz`, every scored target's NLL

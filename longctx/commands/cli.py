@@ -69,6 +69,7 @@ from longctx.callbacks import (
     StopOnDivergence,
     recorded,
 )
+from longctx.callbacks.init_weights import InitWeights
 from longctx.callbacks.run_record import run_record
 from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
@@ -354,6 +355,7 @@ class LongCtxCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         self._add_token_nll_writer(subcommand)
+        self._add_init_weights(subcommand)
         run_dir = Path(self.trainer.default_root_dir)
         record = run_record(self.trainer)
         # Refused before its work starts: no trace in the folder. One live command per run directory;
@@ -384,6 +386,23 @@ class LongCtxCLI(LightningCLI):
                 "`python -m longctx test --config ... --ckpt_path ... --write_token_nll true`"
             )
         self.trainer.callbacks.append(TokenNLLWriter())
+
+    def _add_init_weights(self, subcommand: str) -> None:
+        """`--init_weights PATH`: a fresh fit starts from PATH's weights (`InitWeights`), checked to fit
+        the model before anything runs."""
+        path = self.config[subcommand].get("init_weights")
+        if not path:
+            return
+        if subcommand != "fit":
+            raise ConfigError(
+                "--init_weights applies to fit (a fresh run starting from another checkpoint's weights); "
+                f"to {subcommand} a checkpoint, pass it as --ckpt_path"
+            )
+        try:
+            check_checkpoint_fits(path, self.model, strict=self.model.strict_loading)
+        except ValueError as err:
+            raise ConfigError(f"--init_weights: {err}") from err
+        self.trainer.callbacks.append(InitWeights(path))
 
     def _set_seed(self) -> None:
         """LightningCLI's, with a seed numpy cannot take (`--seed_everything -1`) as one line."""
@@ -440,6 +459,14 @@ class LongCtxCLI(LightningCLI):
             default=False,
             help="validate/test/evaluate_overlaps: write every scored target's NLL and offset to "
             "<run dir>/token_nll.npz (evaluate_overlaps: token_nll_overlap{o}.npz)",
+        )
+        parser.add_argument(
+            "--init_weights",
+            type=str | None,
+            default=None,
+            help="fit: start from this checkpoint's weights only (a fresh optimizer, schedule and data "
+            "stream), e.g. a curriculum stage from the previous stage's best.ckpt, or a fine-tune on "
+            "another text; a fit that resumes (--ckpt_path) takes its own checkpoint instead",
         )
         parser.add_argument(
             "--overwrite_run",
