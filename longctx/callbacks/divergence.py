@@ -189,7 +189,7 @@ class StopOnDivergence(pl.Callback):
             if name in metrics and message is None:
                 value = float(metrics[name])
                 bad = not math.isfinite(value)
-                bound = self.max_loss(pl_module) if name == "val/loss" else None
+                bound = self.max_loss(pl_module) if name == "val/loss" and trains_on_all(trainer) else None
                 if bad or (bound is not None and value > bound):
                     what = "validation loss" if name == "val/loss" else name
                     message = self._message(trainer, pl_module, what, value, trainer.global_step)
@@ -224,3 +224,11 @@ def advice(trainer: pl.Trainer) -> str:
     if str(trainer.precision).startswith("16"):
         tips.append("train in bf16-mixed instead of 16-mixed, whose range overflows")
     return f"try: {', '.join(tips)}; checkpoints saved before it are kept (--ckpt_path last resumes)"
+
+
+def trains_on_all(trainer: pl.Trainer) -> bool:
+    """Whether the training loss counts every target, as `val/loss` does. With `data.train_targets:
+    marked` (the loss on MQAR's answers alone) the model is never trained on the other targets, and
+    its validation loss over them legitimately lies far above log(vocab_size): no bound then (a
+    non-finite value still stops the fit)."""
+    return getattr(trainer.datamodule, "train_targets", "all") == "all"

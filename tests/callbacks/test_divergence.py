@@ -320,3 +320,16 @@ def test_every_rank_stops_at_the_same_step_under_ddp(tmp_path):
     # Read at the end of training (step 8, before check_every_n_steps), on both ranks.
     stops = {path.name: path.read_text() for path in tmp_path.glob("rank*.txt")}
     assert stops == {"rank0.txt": "step 8", "rank1.txt": "step 8"}
+
+
+def test_the_validation_bound_holds_only_when_training_counts_every_target():
+    """With `data.train_targets: marked` the model never trains on the other targets that `val/loss`
+    scores: a recall fit's val/loss above 10·log(V) is no divergence (a false stop at step 1,200 of a
+    recall curriculum that was learning, 0.62 accuracy at 1,000)."""
+    from types import SimpleNamespace
+
+    from longctx.callbacks.divergence import trains_on_all
+
+    assert trains_on_all(SimpleNamespace(datamodule=SimpleNamespace(train_targets="all")))
+    assert trains_on_all(SimpleNamespace(datamodule=None))  # loaders passed to fit directly
+    assert not trains_on_all(SimpleNamespace(datamodule=SimpleNamespace(train_targets="marked")))
