@@ -196,13 +196,10 @@ class TokenizedCorpus:
     path: Path
     token_bytes: np.ndarray
     absent: dict[str, str] = field(default_factory=dict)  # split -> why it was not tokenized
-
-    @property
-    def vocabulary_digest(self) -> str | None:
-        """sha1 of `vocab.txt`, the word vocabulary built from the data (or imported): which word each
-        id stands for. None where no text changes the ids (bytes, characters, GPT-2's BPE)."""
-        vocab = self.path / "vocab.txt"
-        return hashlib.sha1(vocab.read_bytes()).hexdigest() if vocab.is_file() else None
+    # The cache's recorded digest of `vocab.txt`, the word vocabulary built from the data (or
+    # imported): which word each id stands for. None where no text changes the ids (bytes,
+    # characters, GPT-2's BPE).
+    vocabulary_digest: str | None = None
 
     def split(self, name: str) -> TokenizedSplit:
         if name in self.absent:
@@ -318,7 +315,11 @@ def load_corpus(spec: CorpusSpec) -> TokenizedCorpus:
         )
     token_bytes = np.load(path / TOKEN_BYTES_FILE)
     absent = meta.get("absent", {})
-    return TokenizedCorpus(spec.corpus, int(meta["vocab_size"]), splits, path, token_bytes, absent)
+    vocabulary = meta["files"].get("vocab.txt")  # its blake2b, checked with the cache's other files
+    return TokenizedCorpus(
+        spec.corpus, int(meta["vocab_size"]), splits, path, token_bytes, absent,
+        vocabulary_digest=vocabulary["blake2b"] if vocabulary else None,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- integrity
@@ -388,6 +389,13 @@ def cache_problem(path: Path) -> str | None:
     return None
 
 
+def imported_vocab(spec: CorpusSpec) -> WordVocab:
+    """`data.vocab_file` as the corpus reads it: as it is for a word corpus, with `<unk>` appended
+    when it lacks one for the user's files (their words may be any)."""
+    vocab = WordVocab.load(spec.vocab_file)
+    return vocab.with_unk() if spec.corpus.user_files else vocab
+
+
 def vocab_size_of(spec: CorpusSpec) -> int:
     """The vocabulary size, known before `setup` so the CLI can link it into the model.
 
@@ -396,8 +404,7 @@ def vocab_size_of(spec: CorpusSpec) -> int:
     """
     corpus = spec.corpus
     if spec.vocab_file is not None:
-        vocab = WordVocab.load(spec.vocab_file)
-        return len(vocab.with_unk() if corpus.user_files else vocab)  # as `_tokenize_text_files` reads it
+        return len(imported_vocab(spec))
     if spec.unit == "byte":
         return 256
     if spec.unit == "word" and corpus.user_files:  # built from the train file: read from the cache
@@ -569,7 +576,7 @@ def _tokenize_words(spec: CorpusSpec, path: Path) -> dict:
     imported = spec.vocab_file is not None
     source_files, absent_sources = _word_files(spec, sorted(sources), may_lack=imported)
     if imported:
-        vocab = WordVocab.load(spec.vocab_file)
+        vocab = imported_vocab(spec)
     else:
         files = {split: source_files[spec.source(split)] for split in SPLITS}
         vocab = WordVocab.build(list(dict.fromkeys(files[s] for s in corpus.vocab_splits)))
@@ -680,7 +687,7 @@ def _tokenize_text_files(spec: CorpusSpec, path: Path) -> dict:
             texts[file.resolve()] = _read_user_file(spec, path, split, file)
     if spec.unit == "word":
         if spec.vocab_file is not None:  # a trained model's ids (its run's vocab.txt)
-            vocab = WordVocab.load(spec.vocab_file).with_unk()
+            vocab = imported_vocab(spec)
         else:
             vocab = WordVocab.from_lines(text_lines(texts[spec.user_files()["train"].resolve()])).with_unk()
         with atomic_path(path / "vocab.txt") as tmp:
