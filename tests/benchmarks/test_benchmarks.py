@@ -179,8 +179,8 @@ def test_tokenization_benchmark_runs_on_one_megabyte(tmp_path):
 
 def run_script(script: str, args: list[str], expected: str | re.Pattern, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args],
+    done = subprocess.run(  # -X faulthandler: a crash in torch's native code prints where it was
+        [sys.executable, "-X", "faulthandler", str(BENCHMARKS / script), *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
