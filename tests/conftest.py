@@ -11,7 +11,10 @@
 - torch runs one intra-op thread (`OMP_NUM_THREADS=1` unless set; subprocesses inherit it): the
   tests' tiny models run about twice as fast on one thread as contending for two (CI has two cores).
 - Two tiers (pyproject's `addopts` deselects `slow` and `gpu`): `python -m pytest -q` is the fast tier,
-  `python -m pytest -q -m slow` the rest (compile, DDP, SLURM, resume), `-m ''` all. The GPU tier,
+  `python -m pytest -q -m slow` the rest (compile, DDP, SLURM, resume), `-m ''` all. The fast tier
+  runs on one pytest-xdist worker per core (`-n auto` in `addopts`); any selection that takes slow or
+  GPU tests runs in one process, as `-n 0` does (their DDP process groups, CLI subprocesses with
+  time limits and GPU memory are not to be shared). The GPU tier,
   `python -m pytest -q -m gpu`, skips each test with one reason when CUDA is not available.
 """
 
@@ -58,6 +61,13 @@ def _no_wandb_run_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator
     wandb = sys.modules.get("wandb")
     if wandb is not None and isinstance(wandb.run, wandb.sdk.wandb_run.Run):  # not a test's stand-in
         wandb.run.finish()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker per core for the fast tier, none (one process) when slow or GPU tests may run."""
+    if "not slow" not in config.getoption("markexpr") or "not gpu" not in config.getoption("markexpr"):
+        return 0
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
