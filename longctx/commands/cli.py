@@ -73,6 +73,7 @@ from longctx.callbacks.init_weights import InitWeights
 from longctx.callbacks.run_record import run_record
 from longctx.callbacks.sigterm import ctrl_c_exit_code
 from longctx.callbacks.token_nll import TokenNLLWriter
+from longctx.callbacks.vocabulary import RunVocabulary
 from longctx.checkpoints.fit_check import check_checkpoint_fits
 from longctx.checkpoints.saving import RUN_FILE_FIX, DiskFullError, use_atomic_checkpoints, write_whole
 from longctx.commands import TRAINER_COMMANDS, load
@@ -344,7 +345,8 @@ class LongCtxCLI(LightningCLI):
         kwargs.setdefault("trainer_class", LongCtxTrainer)
         kwargs.setdefault("parser_class", OneLineParser)  # parse errors as one line (parse_errors.py)
         # Appended to the config's trainer.callbacks (LightningCLI._instantiate_trainer).
-        kwargs.setdefault("trainer_defaults", {"callbacks": [CheckpointOnSigterm(), RunRecord()]})
+        callbacks = [CheckpointOnSigterm(), RunRecord(), RunVocabulary()]
+        kwargs.setdefault("trainer_defaults", {"callbacks": callbacks})
         super().__init__(LMBase, LMDataModule, *args, subclass_mode_model=True, **kwargs)
 
     @staticmethod

@@ -92,6 +92,6 @@ def check_vocabulary(saved: dict | None, datamodule: object) -> None:
     raise DataMismatch(
         f"the checkpoint's word vocabulary ({saved['size']:,} words, built from the text it was trained "
         f"on) is not this data's ({getattr(datamodule, 'vocab_size', 0):,} words, from its train file): the "
-        "same ids stand for other words; evaluate with the vocabulary it was trained with (the "
-        "train file it was trained on, or --data.vocab_file with that run's vocab.txt)"
+        "same ids stand for other words; read the data with the vocabulary it was trained with: "
+        "--data.vocab_file <its run directory>/vocab.txt (every fit writes it there), or its own train file"
     )

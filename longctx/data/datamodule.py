@@ -234,6 +234,12 @@ class LMDataModule(pl.LightningDataModule):
         fixed vocabularies, and before `setup`."""
         return None if self._corpus is None else self._corpus.vocabulary_digest
 
+    @property
+    def vocabulary_file(self) -> Path | None:
+        """The token cache's `vocab.txt` where the ids are the data's own (`vocabulary_digest` is not
+        None): what a fit keeps in its run directory (`longctx.callbacks.vocabulary`)."""
+        return None if self.vocabulary_digest is None else self.corpus.path / "vocab.txt"
+
     def word_count(self, split: str) -> int | None:
         """Words of a split (for perplexity per word of a BPE model), or None."""
         if self._corpus is None:

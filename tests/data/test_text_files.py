@@ -11,6 +11,7 @@ import pytest
 import torch
 from tokenizers import ByteLevelBPETokenizer
 
+from longctx.callbacks.vocabulary import RunVocabulary
 from longctx.commands.cli import main as cli_main
 from longctx.commands.data import main as data_main
 from longctx.core.data_facts import VOCABULARY_KEY, DataMismatch
@@ -335,7 +336,9 @@ def test_a_checkpoint_read_with_another_word_vocabulary_is_refused(tmp_path):
     assert text_files(tmp_path, only_a, tokenizer="bytes").vocabulary_digest is None  # fixed ids
 
     model = tiny("transformer_xl", vocab_size=a.vocab_size)
-    cpu_trainer(tmp_path, max_steps=1, limit_val_batches=0).fit(model, datamodule=a)
+    run_dir = tmp_path / "run_a"
+    fit = cpu_trainer(run_dir, max_steps=1, limit_val_batches=0, callbacks=[RunVocabulary()])
+    fit.fit(model, datamodule=a)
     checkpoint = tmp_path / "a.ckpt"
     model.trainer.save_checkpoint(checkpoint)
     assert torch.load(checkpoint, weights_only=True)[VOCABULARY_KEY]["digest"] == a.vocabulary_digest
@@ -345,10 +348,13 @@ def test_a_checkpoint_read_with_another_word_vocabulary_is_refused(tmp_path):
         trainer.test(model, datamodule=data, ckpt_path=checkpoint, verbose=False)
 
     test_on(a)  # its own vocabulary
-    with pytest.raises(DataMismatch, match=r"^the checkpoint's word vocabulary \(5 words, built from the"):
+    refusal = r"^the checkpoint.s word vocabulary \(5 words, .* --data\.vocab_file <its run directory>/vocab"
+    with pytest.raises(DataMismatch, match=refusal):
         test_on(b)
-    # The way out the line names: b read with the vocabulary the checkpoint was trained with.
-    a_vocabulary = a.corpus.path / "vocab.txt"
+    # The way out the line names: b read with the vocabulary the checkpoint was trained with, which
+    # the fit kept in its run directory.
+    a_vocabulary = run_dir / "vocab.txt"
+    assert a_vocabulary.read_bytes() == (a.corpus.path / "vocab.txt").read_bytes()
     b_as_a = text_files(tmp_path, only_b, vocab_file=str(a_vocabulary), **options)
     assert b_as_a.vocabulary_digest == a.vocabulary_digest
     ids_by_hand = word_ids_by_hand((tmp_path / "b.txt").read_text(), a_vocabulary.read_text().split())
