@@ -18,7 +18,7 @@
 - `UpdateEveryAfter`: an update every `every` batches once `after` updates are done (Rae et al. 2020's
   late-training schedule; opt in: `trainer.callbacks`).
 - `RunVocabulary` (`longctx.callbacks.vocabulary`): a `fit` writes the word vocabulary it trains with
-  into its run directory, `vocab.txt`, for `--data.vocab_file` (registered by the CLI).
+  into its run directory, `vocabulary.txt`, for `--data.vocab_file` (registered by the CLI).
 - `TokenNLLWriter` (`longctx.callbacks.token_nll`): `token_nll.npz`, every scored target's NLL
   (added by the CLI's `--write_token_nll true`).
 """

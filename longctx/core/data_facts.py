@@ -93,5 +93,6 @@ def check_vocabulary(saved: dict | None, datamodule: object) -> None:
         f"the checkpoint's word vocabulary ({saved['size']:,} words, built from the text it was trained "
         f"on) is not this data's ({getattr(datamodule, 'vocab_size', 0):,} words, from its train file): the "
         "same ids stand for other words; read the data with the vocabulary it was trained with: "
-        "--data.vocab_file <its run directory>/vocab.txt (every fit writes it there), or its own train file"
+        "--data.vocab_file <its run directory>/vocabulary.txt (every fit writes it there), or its own "
+        "train file"
     )

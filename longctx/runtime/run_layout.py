@@ -9,7 +9,7 @@
                                 (`longctx.runtime.run_folder`)
         metrics.jsonl           one line per validation during `fit` (`RunRecord`)
         token_nll.npz           every scored target's NLL, with `--write_token_nll true` (`TokenNLLWriter`)
-        vocab.txt               the word vocabulary a `fit` trained with, where the text numbers the
+        vocabulary.txt          the word vocabulary a `fit` trained with, where the text numbers the
                                 words (`data.tokenizer: words`; `RunVocabulary`): `--data.vocab_file`
         checkpoints/            the ModelCheckpoint callbacks' folder (`checkpoint_dir`)
             last.ckpt           what `--ckpt_path last` and SIGTERM/Ctrl-C resume from
@@ -32,7 +32,7 @@ CONFIG = "config.yaml"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 TOKEN_NLL = "token_nll.npz"
-VOCABULARY = "vocab.txt"
+VOCABULARY = "vocabulary.txt"
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
 HPC_CHECKPOINT_PREFIX = "hpc_ckpt_"

@@ -34,13 +34,13 @@ def test_a_words_fit_keeps_its_vocabulary_in_the_run_directory_and_a_bytes_fit_k
             "fit", "words", "--data.corpus", "text_files", "--data.files", files, "--data.tokenizer", "words"
         )
     )
-    kept = Path("runs/words/vocab.txt")
+    kept = Path("runs/words/vocabulary.txt")
     (cache,) = Path("cache").glob("text_files-*/vocab.txt")
     assert kept.read_bytes() == cache.read_bytes()
     # <eos> first, then by count in the train file (ties in first-seen order), <unk> last.
     assert kept.read_text().split() == ["<eos>", "k1", "v7", "k2", "f3", "v9", "<unk>"]
     artifacts = json.loads(Path("runs/words/summary.json").read_text())["artifacts"]
-    assert artifacts["vocab.txt"]["subcommand"] == "fit"
+    assert artifacts["vocabulary.txt"]["subcommand"] == "fit"
 
     main(carry_lm_cli("fit", "bytes"))  # the bundled sample, bytes: ids fixed by the tokenizer
-    assert Path("runs/bytes/summary.json").is_file() and not Path("runs/bytes/vocab.txt").exists()
+    assert Path("runs/bytes/summary.json").is_file() and not Path("runs/bytes/vocabulary.txt").exists()

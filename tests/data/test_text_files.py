@@ -353,7 +353,7 @@ def test_a_checkpoint_read_with_another_word_vocabulary_is_refused(tmp_path):
         test_on(b)
     # The way out the line names: b read with the vocabulary the checkpoint was trained with, which
     # the fit kept in its run directory.
-    a_vocabulary = run_dir / "vocab.txt"
+    a_vocabulary = run_dir / "vocabulary.txt"
     assert a_vocabulary.read_bytes() == (a.corpus.path / "vocab.txt").read_bytes()
     b_as_a = text_files(tmp_path, only_b, vocab_file=str(a_vocabulary), **options)
     assert b_as_a.vocabulary_digest == a.vocabulary_digest
