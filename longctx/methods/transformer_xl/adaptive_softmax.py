@@ -43,11 +43,19 @@ def _check_cutoffs(n_token: int, cutoffs: Sequence[int]) -> list[int]:
 
 
 class ClusterRows(nn.Module):
-    """Counts, since the last `train()`/`eval()` (Lightning calls `eval()` as each validation or test
-    loop starts, so an evaluation counts its own tokens), the rows each cluster (the head first)
-    computed and the tokens: what `longctx.methods.transformer_xl.flops` counts per token."""
+    """What both adaptive layers share: the vocabulary of `n_token` ids cut at `cutoffs` (checked;
+    cluster i holds ids [cutoff_ends[i], cutoff_ends[i + 1]), the head first), and the count, since the
+    last `train()`/`eval()` (Lightning calls `eval()` as each validation or test loop starts, so an
+    evaluation counts its own tokens), of the rows each cluster computed and of the tokens: what
+    `longctx.methods.transformer_xl.flops` counts per token."""
 
     _counted_clusters: int  # tail clusters whose rows are counted (0: no count)
+
+    def __init__(self, n_token: int, d_embed: int, d_proj: int, cutoffs: Sequence[int], div_val: int) -> None:
+        super().__init__()
+        self.n_token, self.d_embed, self.d_proj, self.div_val = n_token, d_embed, d_proj, div_val
+        self.cutoffs = _check_cutoffs(n_token, cutoffs)
+        self.cutoff_ends = [0, *self.cutoffs]
 
     def _count_from_zero(self) -> None:
         self._cluster_rows = [0] * (self._counted_clusters + 1)
@@ -72,10 +80,7 @@ class AdaptiveEmbedding(ClusterRows):
     def __init__(
         self, n_token: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1
     ) -> None:
-        super().__init__()
-        self.n_token, self.d_embed, self.d_proj, self.div_val = n_token, d_embed, d_proj, div_val
-        self.cutoffs = _check_cutoffs(n_token, cutoffs)
-        self.cutoff_ends = [0, *self.cutoffs]
+        super().__init__(n_token, d_embed, d_proj, cutoffs, div_val)
         self.emb_scale = d_proj**0.5
         self.emb_layers = nn.ModuleList()
         self.emb_projs = nn.ParameterList()
@@ -125,10 +130,7 @@ class ProjectedAdaptiveLogSoftmax(ClusterRows):
     def __init__(
         self, n_token: int, d_embed: int, d_proj: int, cutoffs: Sequence[int] = (), div_val: int = 1
     ) -> None:
-        super().__init__()
-        self.n_token, self.d_embed, self.d_proj, self.div_val = n_token, d_embed, d_proj, div_val
-        self.cutoffs = _check_cutoffs(n_token, cutoffs)
-        self.cutoff_ends = [0, *self.cutoffs]
+        super().__init__(n_token, d_embed, d_proj, cutoffs, div_val)
         self.shortlist_size = self.cutoffs[0]
         self.n_clusters = len(self.cutoffs) - 1
         if self.n_clusters > 0:
