@@ -91,7 +91,8 @@ def check_vocabulary(saved: dict | None, datamodule: object) -> None:
         return
     raise DataMismatch(
         f"the checkpoint's word vocabulary ({saved['size']:,} words, built from the text it was trained "
-        f"on) is not this data's ({getattr(datamodule, 'vocab_size', 0):,} words, from its train file): the "
+        f"on) is not this data's ({getattr(datamodule, 'vocab_size', 0):,} words, "
+        f"{getattr(datamodule, 'vocabulary_source', 'from its train file')}): the "
         "same ids stand for other words; read the data with the vocabulary it was trained with: "
         "--data.vocab_file <its run directory>/vocabulary.txt (every fit writes it there), or its own "
         "train file"

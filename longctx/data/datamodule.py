@@ -240,6 +240,13 @@ class LMDataModule(pl.LightningDataModule):
         None): what a fit keeps in its run directory (`longctx.callbacks.vocabulary`)."""
         return None if self.vocabulary_digest is None else self.corpus.path / "vocab.txt"
 
+    @property
+    def vocabulary_source(self) -> str:
+        """Where the word vocabulary comes from, in words (a vocabulary mismatch's line names it)."""
+        return (
+            f"from data.vocab_file {self.spec.vocab_file}" if self.spec.vocab_file else "from its train file"
+        )
+
     def word_count(self, split: str) -> int | None:
         """Words of a split (for perplexity per word of a BPE model), or None."""
         if self._corpus is None:

@@ -351,6 +351,10 @@ def test_a_checkpoint_read_with_another_word_vocabulary_is_refused(tmp_path):
     refusal = r"^the checkpoint.s word vocabulary \(5 words, .* --data\.vocab_file <its run directory>/vocab"
     with pytest.raises(DataMismatch, match=refusal):
         test_on(b)
+    b_vocabulary = b.corpus.path / "vocab.txt"
+    imported = rf"is not this data.s \(5 words, from data\.vocab_file {b_vocabulary}\): the same ids"
+    with pytest.raises(DataMismatch, match=imported):
+        test_on(text_files(tmp_path, only_b, vocab_file=str(b_vocabulary), **options))
     # The way out the line names: b read with the vocabulary the checkpoint was trained with, which
     # the fit kept in its run directory.
     a_vocabulary = run_dir / "vocabulary.txt"
