@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Literal, Protocol
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from longctx.core.recall import TargetMarks
@@ -87,6 +88,12 @@ def check_vocabulary(saved: dict | None, datamodule: object) -> None:
     stand for other words, and every number scored with them would be silently wrong (a vocabulary
     built from another training text orders its words by their counts there)."""
     digest = getattr(datamodule, "vocabulary_digest", None)
+    if saved is None and digest is not None:
+        rank_zero_warn(
+            "longctx: the checkpoint records no word vocabulary (converted, or saved before checkpoints "
+            "kept one): nothing checks that its ids mean this data's words; read the data with the "
+            "vocabulary it was trained with (--data.vocab_file)"
+        )
     if saved is None or digest is None or saved["digest"] == digest:
         return
     raise DataMismatch(

@@ -364,3 +364,11 @@ def test_a_checkpoint_read_with_another_word_vocabulary_is_refused(tmp_path):
     ids_by_hand = word_ids_by_hand((tmp_path / "b.txt").read_text(), a_vocabulary.read_text().split())
     assert b_as_a.corpus.split("test").tokens.tolist() == ids_by_hand
     test_on(b_as_a)
+    # A checkpoint that records no vocabulary (converted, or saved before they kept one) cannot be
+    # checked: said once, not refused.
+    unrecorded = torch.load(checkpoint, weights_only=True)
+    del unrecorded[VOCABULARY_KEY]
+    checkpoint = tmp_path / "unrecorded.ckpt"
+    torch.save(unrecorded, checkpoint)
+    with pytest.warns(UserWarning, match=r"^longctx: the checkpoint records no word vocabulary"):
+        test_on(b)
