@@ -7,6 +7,9 @@ It writes `<run dir>/token_nll.npz` (numpy's zip of arrays) after each evaluatio
 - `offset` (int64, sorted, unique): each target's index in the split's token sequence (with
   `data.tokenizer: bytes` on a text file, the byte of the file it predicts);
 - `document` (int64, only where the corpus has documents, e.g. PG-19): the document it belongs to;
+- `row_start` (int64, where the split is contiguous text of `LMDataModule`): the first token of the
+  evaluation row that scored it, where that row's memory began (a target can recall nothing before
+  it: `report` leaves out the answers bound earlier, as the logged recall accuracy does);
 - `correct` (bool, when the method returns it: every longctx method does): the target is the argmax
   of the model's full predicted distribution (recall accuracy by distance: `python -m longctx report`).
 
@@ -87,6 +90,8 @@ class TokenNLLWriter(pl.Callback):
             arrays["correct"] = correct
         if (doc_offsets := split_documents(trainer, split)) is not None:
             arrays["document"] = np.searchsorted(doc_offsets, offset, side="right").astype(np.int64) - 1
+        elif isinstance(datamodule := trainer.datamodule, LMDataModule):
+            arrays["row_start"] = datamodule.row_start(split, offset)
         path = Path(trainer.default_root_dir) / self.filename
         with atomic_path(path) as tmp, tmp.open("wb") as f:
             np.savez(f, **arrays)

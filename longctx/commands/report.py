@@ -530,10 +530,14 @@ def write_recall_outputs(
         markdown += [
             "## Recall by distance\n",
             "Answers and accuracy (argmax = answer) per distance bin, from each run's token_nll.npz "
-            "`correct` and the marks of the file it scored:\n",
+            "`correct` and the marks of the file it scored; an answer bound before the first token of "
+            "its evaluation row (which starts with an empty memory) is out of every model's reach and "
+            "left out, as the logged accuracy leaves it out:\n",
             recall.distance_markdown(table),
             "![recall accuracy vs distance](recall_vs_distance.png)\n",
         ]
+        if out_of_reach := [f"{a.run} {a.out_of_reach:,}" for a in answers if a.out_of_reach]:
+            notes.append(f"- recall by distance: answers out of reach, left out: {', '.join(out_of_reach)}")
         if left := [run.name for run in runs if run.name not in {a.run for a in answers}]:
             why = "no token_nll.npz with `correct` on marked text"
             notes.append(f"- recall by distance: left out ({why}): {', '.join(left)}")

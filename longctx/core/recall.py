@@ -35,10 +35,17 @@ class TargetMarks:
         `offset` of evaluation batches, `SegmentStream`).
     query: (M,) int64, its query's index within its episode (0 = the episode's first query), or None
         for marks without queries (copy and the byte-level recall: every marked byte alike).
+    distance: (M,) int64, tokens back to the token it recalls (`synth` marks), or None.
     """
 
     offset: np.ndarray
     query: np.ndarray | None = None
+    distance: np.ndarray | None = None
+
+    def keep(self, where: np.ndarray) -> TargetMarks:
+        """The marks at `where` (bool (M,))."""
+        pick = lambda values: None if values is None else values[where]  # noqa: E731
+        return TargetMarks(self.offset[where], pick(self.query), pick(self.distance))
 
     @property
     def n_queries(self) -> int:

@@ -33,7 +33,7 @@ from longctx.data.cache import (
     vocab_size_of,
 )
 from longctx.data.corpora import get_corpus
-from longctx.data.streams import SegmentStream, Wrap
+from longctx.data.streams import SegmentStream, Wrap, evaluation_row_start
 from longctx.data.synth import load_marks, marks_path
 from longctx.data.text_files import TextFileError, check_split_tokens, check_text_files
 
@@ -275,7 +275,7 @@ class LMDataModule(pl.LightningDataModule):
                     check_split_tokens(split, file, len(corpus.split(split).tokens), needs[split])
             self._corpus = corpus
             if self.info.user_files:
-                self._marks = {split: self._load_marks(split) for split in ("valid", "test")}
+                self._marks = {split: self._reachable_marks(split) for split in ("valid", "test")}
             if self.train_targets == "marked":
                 self._train_scored = self._marked_targets("train")
             for split, rate in self.out_of_vocabulary().items():
@@ -332,9 +332,39 @@ class LMDataModule(pl.LightningDataModule):
                 f"{path} marks offset {offset.max():,} but {file} has {n_tokens:,} tokens: the marks belong "
                 "to another file; write both again with `python -m longctx.data synth`, or remove the sidecar"
             )
-        query = marks.get("query")
+        query, distance = marks.get("query"), marks.get("distance")
         order = np.argsort(offset, kind="stable")
-        return TargetMarks(offset[order], None if query is None else query.astype(np.int64)[order])
+        in_order = lambda values: None if values is None else values.astype(np.int64)[order]  # noqa: E731
+        return TargetMarks(offset[order], in_order(query), in_order(distance))
+
+    def _reachable_marks(self, split: str) -> TargetMarks | None:
+        """The split's marks an evaluation can count as recall: an answer bound before the first token
+        of the evaluation row that scores it (`evaluation_row_start`: every row starts mid-text, with
+        an empty memory) is out of every model's reach, and counting it would lower every recall
+        accuracy by the share of such answers (11% of the far-recall text's at 128 rows). Left out,
+        with one line saying how many."""
+        marks = self._load_marks(split)
+        data = self.corpus.split(split)
+        if marks is None or marks.distance is None or data.doc_offsets is not None:
+            return marks
+        row_start = evaluation_row_start(marks.offset, len(data.tokens), self.eval_batch_size)
+        reachable = marks.offset - marks.distance >= row_start
+        if not reachable.all():
+            rank_zero_info(
+                f"longctx: {self.info.name} {split} split: {int((~reachable).sum()):,} of {reachable.size:,} "
+                f"answers are bound before the first token of their evaluation row ({self.eval_batch_size} "
+                "rows, each starting with an empty memory): recall accuracy counts the "
+                f"{int(reachable.sum()):,} others"
+            )
+        return marks.keep(reachable)
+
+    def row_start(self, split: str, offset: np.ndarray) -> np.ndarray | None:
+        """(M,) the first token of the evaluation row that scores each target `offset` of a contiguous
+        split (`longctx.data.streams.evaluation_row_start`); None for a split of documents."""
+        data = self.corpus.split(split)
+        if data.doc_offsets is not None:
+            return None
+        return evaluation_row_start(offset, len(data.tokens), self.eval_batch_size)
 
     def out_of_vocabulary(self) -> dict[str, dict[str, float]]:
         """Per split of a word corpus: `tokens`, `oov_tokens` (words not in the vocabulary, so mapped

@@ -66,6 +66,14 @@ def contiguous_rows(n_tokens: int, n_rows: int, pad: bool) -> list[list[tuple[in
     return rows
 
 
+def evaluation_row_start(offset: np.ndarray, n_tokens: int, n_rows: int) -> np.ndarray:
+    """(M,) for each target `offset` of a contiguous split read as `n_rows` evaluation rows
+    (`contiguous_rows`, pad=True), the first token of the row that scores it: where that row's memory
+    begins. A target recalls a token before it through no memory at all: the row starts empty."""
+    per_row = math.ceil((n_tokens - 1) / n_rows)
+    return (np.asarray(offset, dtype=np.int64) - 1) // per_row * per_row
+
+
 def document_rows(
     doc_offsets: np.ndarray, n_rows: int, seq_len: int, overlap: int, order: Sequence[int]
 ) -> list[list[tuple[int, int]]]:

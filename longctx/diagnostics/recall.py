@@ -43,6 +43,7 @@ class RunAnswers:
     distance: np.ndarray
     query: np.ndarray | None
     pairs: int | None
+    out_of_reach: int = 0  # answers left out: bound before the first token of their evaluation row
 
 
 def run_answers(run: str, run_dir: Path, config: dict[str, Any], subcommand: str | None) -> RunAnswers | None:
@@ -55,12 +56,24 @@ def run_answers(run: str, run_dir: Path, config: dict[str, Any], subcommand: str
         if "correct" not in per_token.files:
             return None
         offset, correct = per_token["offset"], per_token["correct"]
+        row_start = per_token["row_start"] if "row_start" in per_token.files else None
     scored = np.isin(marks["offset"], offset)  # the TRAMS protocol leaves some targets out
+    out_of_reach = 0
+    if row_start is not None:  # as the logged accuracy: answers bound before their row's first token out
+        at = np.searchsorted(offset, marks["offset"])
+        bound_in_row = marks["offset"] - marks["distance"] >= row_start[np.minimum(at, len(offset) - 1)]
+        out_of_reach = int((scored & ~bound_in_row).sum())
+        scored &= bound_in_row
     where = np.searchsorted(offset, marks["offset"][scored])
     query = marks["query"][scored] if "query" in marks else None
     pairs = np.unique(marks["pairs"]) if "pairs" in marks else np.zeros(0)
     return RunAnswers(
-        run, correct[where], marks["distance"][scored], query, int(pairs[0]) if len(pairs) == 1 else None
+        run,
+        correct[where],
+        marks["distance"][scored],
+        query,
+        int(pairs[0]) if len(pairs) == 1 else None,
+        out_of_reach,
     )
 
 

@@ -504,3 +504,28 @@ def test_recall_columns_table_by_distance_and_figures(tmp_path):
     assert len(ax.lines) == 2 * 2 + 1  # all answers and first queries per run, and chance 1/3
     for name in ("recall_vs_distance.png", "recall_vs_state_size.png", "recall_by_distance.md"):
         assert (out / name).stat().st_size > 0
+
+
+def test_recall_by_distance_leaves_out_answers_bound_before_their_evaluation_row(tmp_path):
+    """token_nll.npz's `row_start` says where each target's evaluation row (and its memory) began: an
+    answer bound before it is out of every model's reach, left out and counted, as the logged
+    accuracy leaves it out."""
+    from longctx.data.mqar import MQARSettings, generate
+    from longctx.data.synth import load_marks
+    from longctx.diagnostics import recall
+
+    data = tmp_path / "mqar"
+    generate(MQARSettings(pairs=3, keys=40, values=40, filler_vocab=30, min_distance=6, max_distance=20,
+                          train_tokens=3000, eval_tokens=3000), data)  # fmt: skip
+    marks = load_marks(data, "test")
+    text = (data / "test.txt").read_text()
+    offset = np.arange(1, len(text.split()) + text.count("\n"))
+    row_start = (offset - 1) // 500 * 500  # rows of 500 targets
+    np.savez(tmp_path / "token_nll.npz", nll=np.ones(offset.shape, np.float32), offset=offset,
+             correct=np.ones(offset.shape, bool), row_start=row_start)  # fmt: skip
+    files = {split: str(data / f"{split}.txt") for split in ("train", "valid", "test")}
+    config = {"data": {"corpus": "text_files", "files": files, "tokenizer": "words"}}
+    answers = recall.run_answers("xl", tmp_path, config, "test")
+    bound_before = marks["offset"] - marks["distance"] < (marks["offset"] - 1) // 500 * 500
+    assert 0 < bound_before.sum() == answers.out_of_reach
+    np.testing.assert_array_equal(answers.distance, marks["distance"][~bound_before])
