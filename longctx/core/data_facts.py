@@ -15,9 +15,9 @@ never silently turns into a default (a wrong number).
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Literal, Protocol
 
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from longctx.core.recall import TargetMarks
@@ -89,7 +89,7 @@ def check_vocabulary(saved: dict | None, datamodule: object) -> None:
     built from another training text orders its words by their counts there)."""
     digest = getattr(datamodule, "vocabulary_digest", None)
     if saved is None and digest is not None:
-        rank_zero_info(
+        logging.getLogger(__name__).warning(
             "longctx: the checkpoint records no word vocabulary (converted, or saved before checkpoints "
             "kept one): nothing checks that its ids mean this data's words; read the data with the "
             "vocabulary it was trained with (--data.vocab_file)"
