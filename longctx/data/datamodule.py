@@ -344,10 +344,10 @@ class LMDataModule(pl.LightningDataModule):
         accuracy by the share of such answers (11% of the far-recall text's at 128 rows). Left out,
         with one line saying how many."""
         marks = self._load_marks(split)
-        data = self.corpus.split(split)
-        if marks is None or marks.distance is None or data.doc_offsets is not None:
+        if marks is None or marks.distance is None:
             return marks
-        row_start = evaluation_row_start(marks.offset, len(data.tokens), self.eval_batch_size)
+        if (row_start := self.row_start(split, marks.offset)) is None:  # documents, not contiguous rows
+            return marks
         reachable = marks.offset - marks.distance >= row_start
         if not reachable.all():
             rank_zero_info(

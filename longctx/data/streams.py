@@ -46,6 +46,13 @@ def units_in_piece(n_targets: int, seq_len: int, overlap: int) -> int:
     return 1 + math.ceil((n_targets - seq_len) / (seq_len - overlap))
 
 
+def targets_per_row(n_tokens: int, n_rows: int, pad: bool) -> int:
+    """The targets of each of `n_rows` contiguous rows cut from `n_tokens` tokens (`contiguous_rows`):
+    the remainder dropped (training) or kept in the last rows (`pad`, evaluation)."""
+    n_targets = n_tokens - 1
+    return n_targets // n_rows if not pad else math.ceil(n_targets / n_rows)
+
+
 def contiguous_rows(n_tokens: int, n_rows: int, pad: bool) -> list[list[tuple[int, int]]]:
     """Cut `n_tokens` tokens into `n_rows` contiguous pieces, one per row.
 
@@ -55,7 +62,7 @@ def contiguous_rows(n_tokens: int, n_rows: int, pad: bool) -> list[list[tuple[in
     `pad=True` (evaluation) keeps every target, the last rows running short.
     """
     n_targets = n_tokens - 1
-    per_row = n_targets // n_rows if not pad else math.ceil(n_targets / n_rows)
+    per_row = targets_per_row(n_tokens, n_rows, pad)
     if per_row <= 0:
         raise ValueError(f"a split of {n_tokens} tokens cannot fill {n_rows} rows; use a smaller batch size")
     rows = []
@@ -70,7 +77,7 @@ def evaluation_row_start(offset: np.ndarray, n_tokens: int, n_rows: int) -> np.n
     """(M,) for each target `offset` of a contiguous split read as `n_rows` evaluation rows
     (`contiguous_rows`, pad=True), the first token of the row that scores it: where that row's memory
     begins. A target recalls a token before it through no memory at all: the row starts empty."""
-    per_row = math.ceil((n_tokens - 1) / n_rows)
+    per_row = targets_per_row(n_tokens, n_rows, pad=True)
     return (np.asarray(offset, dtype=np.int64) - 1) // per_row * per_row
 
 
