@@ -58,13 +58,13 @@ def run_answers(run: str, run_dir: Path, config: dict[str, Any], subcommand: str
         offset, correct = per_token["offset"], per_token["correct"]
         row_start = per_token["row_start"] if "row_start" in per_token.files else None
     scored = np.isin(marks["offset"], offset)  # the TRAMS protocol leaves some targets out
+    at = np.minimum(np.searchsorted(offset, marks["offset"]), len(offset) - 1)  # its index there, if scored
     out_of_reach = 0
     if row_start is not None:  # as the logged accuracy: answers bound before their row's first token out
-        at = np.searchsorted(offset, marks["offset"])
-        bound_in_row = marks["offset"] - marks["distance"] >= row_start[np.minimum(at, len(offset) - 1)]
+        bound_in_row = marks["offset"] - marks["distance"] >= row_start[at]
         out_of_reach = int((scored & ~bound_in_row).sum())
         scored &= bound_in_row
-    where = np.searchsorted(offset, marks["offset"][scored])
+    where = at[scored]
     query = marks["query"][scored] if "query" in marks else None
     pairs = np.unique(marks["pairs"]) if "pairs" in marks else np.zeros(0)
     return RunAnswers(
