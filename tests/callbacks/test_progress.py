@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 
 from longctx.commands.cli import main
+from tests.helpers.lm_fixtures import run_cli_in
 
 
 @pytest.fixture(autouse=True)
 def _run_in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "LONGCTX_RUN_NAME"):
-        monkeypatch.delenv(var, raising=False)
+    run_cli_in(tmp_path, monkeypatch)
 
 
 def tiny_fit_args(tmp_path: Path, *extra: str) -> list[str]:

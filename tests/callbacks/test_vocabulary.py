@@ -9,20 +9,12 @@ from pathlib import Path
 import pytest
 
 from longctx.commands.cli import main
-from tests.helpers.lm_fixtures import carry_lm_cli
+from tests.helpers.lm_fixtures import carry_lm_cli, run_cli_in
 
 
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    for var in (
-        "SLURM_JOB_ID",
-        "SLURM_ARRAY_JOB_ID",
-        "SLURM_ARRAY_TASK_ID",
-        "SLURM_NTASKS",
-        "LONGCTX_RUN_NAME",
-    ):
-        monkeypatch.delenv(var, raising=False)
+    run_cli_in(tmp_path, monkeypatch)
     return tmp_path
 
 

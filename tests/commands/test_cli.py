@@ -30,17 +30,15 @@ from longctx.commands.cli import (
 from longctx.methods.adaptive_span.network import SpanTransformerConfig
 from longctx.runtime.errors import ParseError
 from tests.helpers.environment import REPO
+from tests.helpers.lm_fixtures import run_cli_in
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
 
 @pytest.fixture(autouse=True)
 def _run_in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run_cli_in(tmp_path, monkeypatch)
     monkeypatch.setenv("LONGCTX_DATA", str(tmp_path / "data"))
-    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "LONGCTX_RUN_NAME"):
-        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.mark.slow  # the parser on every config; the fast tier resolves one per base (test_configs.py)

@@ -17,7 +17,7 @@ import yaml
 from longctx.commands.cli import main
 from longctx.data.datamodule import LMDataModule
 from longctx.methods.transformer_xl.module import TransformerXLLM
-from tests.helpers.lm_fixtures import cpu_trainer
+from tests.helpers.lm_fixtures import cpu_trainer, run_cli_in
 from tests.helpers.methods import config_init_args, tiny
 
 pytestmark = pytest.mark.slow  # each CLI run builds the parser (seconds); training once for the module
@@ -75,10 +75,7 @@ def work(tmp_path_factory):
     """A directory holding xl.yaml, trams.yaml and the trained XL checkpoint; the tests run in it."""
     root = tmp_path_factory.mktemp("ckpt")
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(root)
-        mp.setenv("WANDB_MODE", "disabled")
-        for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "LONGCTX_RUN_NAME"):
-            mp.delenv(var, raising=False)
+        run_cli_in(root, mp)
         (root / "xl.yaml").write_text(yaml.safe_dump(config({})))
         (root / "trams.yaml").write_text(yaml.safe_dump(config(TRAMS_FILE)))
         main(cli_args("fit", "xl.yaml", "train"))

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import lightning.pytorch as pl
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -155,6 +156,25 @@ def reference_eval_loss(model: CarryLM, data: SyntheticData) -> float:
             total += float((out.nll * batch["mask"]).sum())
             count += int(batch["mask"].sum())
     return total / count
+
+
+# What picks or names a run folder from the environment (`longctx.commands.cli.run_name_from_env`).
+RUN_NAMING_VARIABLES = (
+    "SLURM_JOB_ID",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_NTASKS",
+    "LONGCTX_RUN_NAME",
+)
+
+
+def run_cli_in(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in-process CLI commands from `folder` as a user at a terminal would: W&B off, and no SLURM
+    job or `LONGCTX_RUN_NAME` of the machine running the tests choosing the run folder."""
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    for name in RUN_NAMING_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
 
 
 def carry_lm_cli(subcommand: str, run_name: str, *extra: str) -> list[str]:

@@ -25,7 +25,7 @@ from longctx.runtime.run_folder import (
     record_command,
     undone_if_refused,
 )
-from tests.helpers.lm_fixtures import carry_lm_cli
+from tests.helpers.lm_fixtures import carry_lm_cli, run_cli_in
 
 
 def _write(path: Path, text: str = "x", mtime: float | None = None) -> Path:
@@ -175,16 +175,7 @@ _args = carry_lm_cli  # 4 steps, validated every 2
 
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    for var in (
-        "SLURM_JOB_ID",
-        "SLURM_ARRAY_JOB_ID",
-        "SLURM_ARRAY_TASK_ID",
-        "SLURM_NTASKS",
-        "LONGCTX_RUN_NAME",
-    ):
-        monkeypatch.delenv(var, raising=False)
+    run_cli_in(tmp_path, monkeypatch)
     return tmp_path
 
 
