@@ -437,21 +437,28 @@ def test_long_range_columns_read_the_marked_positions_and_the_context_runs_recl(
     assert [rows["gpt2"][c] for c in ("long_range_loss", "near_loss", "recl_r0.1")] == ["-", "-", "-"]
 
 
+def small_mqar(folder: Path) -> tuple[dict, np.ndarray, dict]:
+    """A small `synth mqar` text in `folder` (3 pairs, answers 6-20 back, 3,000 tokens per split): the
+    test split's marks, the offsets a per-token file of its test split holds (every token but the first,
+    `<eos>` counted), and the `data.files` of a run on it."""
+    from longctx.data.mqar import MQARSettings, generate
+    from longctx.data.synth import load_marks
+
+    generate(MQARSettings(pairs=3, keys=40, values=40, filler_vocab=30, min_distance=6, max_distance=20,
+                          train_tokens=3000, eval_tokens=3000), folder)  # fmt: skip
+    text = (folder / "test.txt").read_text()
+    offset = np.arange(1, len(text.split()) + text.count("\n"))
+    files = {split: str(folder / f"{split}.txt") for split in ("train", "valid", "test")}
+    return load_marks(folder, "test"), offset, files
+
+
 def test_recall_columns_table_by_distance_and_figures(tmp_path):
     """On mqar text: the accuracy columns from summary.json, steps to the threshold (">N" when not
     reached), the state size; recall by distance from token_nll.npz `correct` at the marks, in the
     same bins for every run; the state-size figure takes the runs and a sibling context run."""
-    from longctx.data.mqar import MQARSettings, generate
-    from longctx.data.synth import load_marks
     from longctx.diagnostics import recall
 
-    data = tmp_path / "mqar"
-    generate(MQARSettings(pairs=3, keys=40, values=40, filler_vocab=30, min_distance=6, max_distance=20,
-                          train_tokens=3000, eval_tokens=3000), data)  # fmt: skip
-    marks = load_marks(data, "test")
-    text = (data / "test.txt").read_text()
-    offset = np.arange(1, len(text.split()) + text.count("\n"))
-    files = {split: str(data / f"{split}.txt") for split in ("train", "valid", "test")}
+    marks, offset, files = small_mqar(tmp_path / "mqar")
     near = marks["offset"][marks["distance"] < 12]  # the runs get exactly these answers right
     runs = {
         "xl": ({"reached_step": 3250, "global_step": 3250}, 0.8, 12800.0),
@@ -510,20 +517,12 @@ def test_recall_by_distance_leaves_out_answers_bound_before_their_evaluation_row
     """token_nll.npz's `row_start` says where each target's evaluation row (and its memory) began: an
     answer bound before it is out of every model's reach, left out and counted, as the logged
     accuracy leaves it out."""
-    from longctx.data.mqar import MQARSettings, generate
-    from longctx.data.synth import load_marks
     from longctx.diagnostics import recall
 
-    data = tmp_path / "mqar"
-    generate(MQARSettings(pairs=3, keys=40, values=40, filler_vocab=30, min_distance=6, max_distance=20,
-                          train_tokens=3000, eval_tokens=3000), data)  # fmt: skip
-    marks = load_marks(data, "test")
-    text = (data / "test.txt").read_text()
-    offset = np.arange(1, len(text.split()) + text.count("\n"))
+    marks, offset, files = small_mqar(tmp_path / "mqar")
     row_start = (offset - 1) // 500 * 500  # rows of 500 targets
     np.savez(tmp_path / "token_nll.npz", nll=np.ones(offset.shape, np.float32), offset=offset,
              correct=np.ones(offset.shape, bool), row_start=row_start)  # fmt: skip
-    files = {split: str(data / f"{split}.txt") for split in ("train", "valid", "test")}
     config = {"data": {"corpus": "text_files", "files": files, "tokenizer": "words"}}
     answers = recall.run_answers("xl", tmp_path, config, "test")
     bound_before = marks["offset"] - marks["distance"] < (marks["offset"] - 1) // 500 * 500
