@@ -341,7 +341,7 @@ class LMDataModule(pl.LightningDataModule):
         """The split's marks an evaluation can count as recall: an answer bound before the first token
         of the evaluation row that scores it (`evaluation_row_start`: every row starts mid-text, with
         an empty memory) is out of every model's reach, and counting it would lower every recall
-        accuracy by the share of such answers (11% of the far-recall text's at 128 rows). Left out,
+        accuracy by the share of such answers (9.7% of the far-recall test's at 128 rows). Left out,
         with one line saying how many."""
         marks = self._load_marks(split)
         if marks is None or marks.distance is None:
