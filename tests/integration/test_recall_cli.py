@@ -50,17 +50,23 @@ def test_fit_and_test_on_mqar_text_record_recall_that_the_files_give(tmp_path, m
     metrics = summary["metrics"]
     with np.load(run / "token_nll.npz") as per_token:
         nll, offset, correct = per_token["nll"], per_token["offset"], per_token["correct"]
+        row_start = per_token["row_start"]
     assert nll.astype(np.float64).sum() == pytest.approx(
         metrics["test/loss"] * metrics["test/tokens"], rel=1e-5
     )
     text = (tmp_path / "mqar" / "test.txt").read_text()
     n_tokens = len(text.split()) + text.count("\n")  # the words and one <eos> per line
     np.testing.assert_array_equal(offset, np.arange(1, n_tokens))  # offsets count tokens
+    # Recall counts the answers within reach: bound at or after the first token of their evaluation
+    # row (each row starts with an empty memory), read from the row starts the file records.
     marks = load_marks(tmp_path / "mqar", "test")
-    marked = np.isin(offset, marks["offset"])
-    assert marked.sum() == len(marks["offset"]) == metrics["test/recall_answers"]
+    at = np.searchsorted(offset, marks["offset"])
+    reachable = marks["offset"] - marks["distance"] >= row_start[at]
+    assert 0 < (~reachable).sum() < len(reachable)  # 4 rows of 16-token segments: some lie out of reach
+    marked = np.isin(offset, marks["offset"][reachable])
+    assert marked.sum() == reachable.sum() == metrics["test/recall_answers"]
     assert metrics["test/recall_acc"] == pytest.approx(correct[marked].mean())
-    first = np.isin(offset, marks["offset"][marks["query"] == 0])
+    first = np.isin(offset, marks["offset"][reachable & (marks["query"] == 0)])
     assert metrics["test/recall_acc_first"] == pytest.approx(correct[first].mean())
     assert "recall_stop" in summary  # the fit's record survives the test
 
