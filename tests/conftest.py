@@ -63,6 +63,7 @@ def _no_wandb_run_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator
         wandb.run.finish()
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs without the plugin that defines it
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: a worker per core for the fast tier, none (one process) when slow or GPU tests may run."""
     if "not slow" not in config.getoption("markexpr") or "not gpu" not in config.getoption("markexpr"):

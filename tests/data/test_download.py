@@ -62,7 +62,8 @@ class Server:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # shutdown() waits for the serving loop's next poll: poll often, or each test waits 0.5 s
+        threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True).start()
 
     def listing(self, query: dict[str, list[str]]) -> bytes:
         """One book per page, to exercise pagination."""
