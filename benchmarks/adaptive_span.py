@@ -95,7 +95,7 @@ class Runner:
                 d_inner=config["d_inner"],
                 attn_span=S,
                 dropout=0.0,
-                span="fixed" if self.spans is None else "adaptive",
+                span_kind="fixed" if self.spans is None else "adaptive",
                 span_ramp=32,
                 chunk_size=config["chunk_size"],
                 span_trim=self.trim,

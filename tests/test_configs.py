@@ -3,7 +3,7 @@
 The experiment configs build on the files in configs/base/ (configs/README.md): a composed file must
 resolve, under `fit --config X --print_config`, to exactly the values stored in
 tests/fixtures/resolved_configs/<name>.yaml. Those were written from the self-contained configs of
-commit 4bf8e12, before the restructure, resolved by that commit's code (`python tests/test_configs.py
+commit 4bf8e12, before the restructure, resolved by that commit's code (`python -m tests.test_configs
 --regen --from-rev 4bf8e12` with 4bf8e12's `longctx` on the path), so they hold only the knobs that
 existed then; window_transformer_tiny, added later, from its first committed version.
 
@@ -11,8 +11,8 @@ existed then; window_transformer_tiny, added later, from its first committed ver
   changes what a paper config runs).
 - A key that did not exist (a knob added since) passes if it holds its default value.
 - To change a config's values on purpose, edit the config, then regenerate and review the diff:
-      python tests/test_configs.py --regen adaptive_span trams_wt103   # some configs
-      python tests/test_configs.py --regen                             # all of them
+      python -m tests.test_configs --regen adaptive_span trams_wt103   # some configs
+      python -m tests.test_configs --regen                             # all of them
       git diff tests/fixtures/resolved_configs
 
 Resolving costs about half a CPU-second per config (jsonargparse introspects every class), so the
@@ -145,7 +145,7 @@ def expected_path(name: str) -> Path:
 def load_expected(name: str) -> dict[str, Any]:
     path = expected_path(name)
     if not path.is_file():
-        pytest.fail(f"no stored values for configs/{name}.yaml: python tests/test_configs.py --regen {name}")
+        pytest.fail(f"no stored values for configs/{name}.yaml: python -m tests.test_configs --regen {name}")
     return yaml.safe_load(path.read_text())
 
 
@@ -161,7 +161,7 @@ def test_config_resolves_to_stored_values(config: Path):
     problems = differences(load_expected(config.stem), resolved)
     assert not problems, (
         f"configs/{config.name} resolves differently (if intended: "
-        f"python tests/test_configs.py --regen {config.stem}):\n  " + "\n  ".join(problems)
+        f"python -m tests.test_configs --regen {config.stem}):\n  " + "\n  ".join(problems)
     )
 
 
@@ -264,7 +264,7 @@ def write_expected(config: Path, name: str) -> None:
     header = (
         f"# `python -m longctx fit --config configs/{name}.yaml --print_config`, flattened: what\n"
         "# tests/test_configs.py compares with. Regenerate, never edit:\n"
-        f"#   python tests/test_configs.py --regen {name}\n"
+        f"#   python -m tests.test_configs --regen {name}\n"
     )
     EXPECTED.mkdir(parents=True, exist_ok=True)
     tmp = expected_path(name).with_suffix(".yaml.tmp")

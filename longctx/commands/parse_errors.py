@@ -65,6 +65,9 @@ _GIVEN_CLASS = re.compile(r"Got value: Namespace\(class_path='([^']+)'")
 _NOT_ACCEPTED = re.compile(r"^Subcommand '\w+' does not accept option '([^']+)'$")
 _UNRECOGNIZED = re.compile(r"^Unrecognized arguments: (\S+)")
 _GROUP_OPTION = re.compile(r"^Group '(\w+)' does not accept option '([^']+)'$")  # a knob group's field
+# argparse's prefix matching: a flag that begins more than one option's name (`--network.span` when the
+# group has span_kind and span_ramp)
+_AMBIGUOUS = re.compile(r"^ambiguous option: --([\w.]+)(?:=\S*)? could match (.+)$")
 
 
 def parse_error_line(message: str, options: list[str] = ()) -> str:
@@ -114,11 +117,17 @@ def parse_error_line(message: str, options: list[str] = ()) -> str:
         name = class_path.rsplit(".", 1)[-1]
         detail = f"{name} has no option {match.group(1)!r}"
         fix = _unknown_option_fix(match.group(1), class_path, keys[0] if keys else "model")
+    elif (match := _AMBIGUOUS.match(detail)) and not _renamed_flag(match.group(1), class_path):
+        detail = f"--{match.group(1)} is the beginning of more than one option ({match.group(2)})"
+        fix = "write the option's whole name"
     elif class_path and (option := _group_option(detail)):  # a knob group's field: a YAML key or a flag
         group, option = option
         keys = [*keys, group]
         detail = f"no option {option!r}"
-        fix = _did_you_mean(option, _group_fields(class_path, group))
+        renamed = _renamed_knobs(class_path).get(f"{group}.{option}")
+        prefix = ".".join([*keys[:1], "init_args"]) + "." if keys else ""
+        close = _did_you_mean(option, _group_fields(class_path, group))
+        fix = f"it is {prefix}{renamed} now" if renamed else close
     elif match := _NO_ATTRIBUTE.match(detail):
         detail = f"class_path {class_path or match.group(2)!r}: {detail}"
         fix = _did_you_mean(match.group(2), _module_names(match.group(1)))
@@ -159,7 +168,15 @@ def _group_option(detail: str) -> tuple[str, str] | None:
     if (match := _UNRECOGNIZED.match(detail)) and "." in (flag := match.group(1).split("=", 1)[0]):
         group, _, option = flag.removeprefix("--").rpartition(".")
         return group, option
+    if (match := _AMBIGUOUS.match(detail)) and "." in match.group(1):  # a renamed field's old name
+        group, _, option = match.group(1).rpartition(".")
+        return group, option
     return None
+
+
+def _renamed_flag(flag: str, class_path: str | None) -> bool:
+    """Whether `flag` (`network.span`) is the old name of a field the class renamed."""
+    return class_path is not None and flag in _renamed_knobs(class_path)
 
 
 def _did_you_mean(name: str, candidates: list[str]) -> str:
@@ -191,6 +208,11 @@ def _unknown_option_fix(option: str, class_path: str, key: str) -> str:
     names = {**homes, **{name: name for name in _init_parameters(class_path)}}
     close = difflib.get_close_matches(option, list(names), n=3, cutoff=0.6)
     return f"did you mean {' or '.join(names[name] for name in close)}?" if close else ""
+
+
+def _renamed_knobs(class_path: str) -> dict[str, str]:
+    """A module's renamed group fields, old path → new path (`LMBase.renamed_knobs`)."""
+    return dict(getattr(locate(class_path), "renamed_knobs", {}))
 
 
 def _group_homes(class_path: str) -> dict[str, str]:

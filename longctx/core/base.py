@@ -59,6 +59,7 @@ from longctx.core.knob_groups import (
     override_groups,
     plain,
     read_groups,
+    rename_knobs,
     upgrade_flat,
 )
 from longctx.core.memory import RowMemory
@@ -126,6 +127,10 @@ class LMBase(pl.LightningModule):
     # Flat names of the knob groups' fields (`longctx.core.knob_groups`): group argument → prefix, e.g.
     # {"evaluation": "eval_"}: `eval_mem_len=64` is `evaluation.mem_len`. Groups not named: no prefix.
     flat_prefixes: ClassVar[dict[str, str]] = {}
+    # Group fields renamed after checkpoints and run configs saved them: old path → new path, e.g.
+    # {"network.span": "network.span_kind"}; read under either name (`knob_groups.rename_knobs`), and
+    # the CLI's line for the old name says what it is called now.
+    renamed_knobs: ClassVar[dict[str, str]] = {}
     # The module's own evaluation knobs that set how much context it may use, as context axes
     # (`longctx.diagnostics.axes.Axis`, for `python -m longctx context`): the first that applies to a
     # model is its default axis; the data module's window and overlap apply to every model besides.
@@ -192,8 +197,10 @@ class LMBase(pl.LightningModule):
     @classmethod
     def upgrade_hyperparameters(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
         """A checkpoint's `hyper_parameters` in the module's groups: the flat keys of checkpoints
-        saved before the groups moved into them (`knob_groups.upgrade_flat` with `flat_prefixes`)."""
-        return upgrade_flat(cls.__init__, hparams, cls.flat_prefixes)
+        saved before the groups moved into them (`knob_groups.upgrade_flat` with `flat_prefixes`), and
+        knobs renamed since under their new names (`renamed_knobs`)."""
+        renamed = rename_knobs(hparams, cls.renamed_knobs, cls.flat_prefixes)
+        return upgrade_flat(cls.__init__, renamed, cls.flat_prefixes)
 
     @classmethod
     def load_from_checkpoint(
@@ -229,11 +236,14 @@ class LMBase(pl.LightningModule):
     @classmethod
     def flatten_knobs(cls, init_args: dict[str, Any]) -> dict[str, Any]:
         """A run config's init arguments with the groups' fields under their flat names (`report`)."""
-        return flatten_knobs(cls.__init__, init_args, cls.flat_prefixes)
+        renamed = rename_knobs(init_args, cls.renamed_knobs, cls.flat_prefixes)
+        return flatten_knobs(cls.__init__, renamed, cls.flat_prefixes)
 
     @classmethod
     def knob_path(cls, name: str) -> str:
-        """The config path under `model.init_args` of the flat knob `name` (`network.d_model`)."""
+        """The config path under `model.init_args` of the flat knob `name` (`network.d_model`); a renamed
+        knob's old flat name gives its new path."""
+        (name,) = rename_knobs({name: None}, cls.renamed_knobs, cls.flat_prefixes)
         return knob_path(cls.__init__, name, cls.flat_prefixes)
 
     def save_hyperparameters(

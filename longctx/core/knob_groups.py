@@ -15,6 +15,9 @@ into their groups where a checkpoint is read (`LMBase.load_from_checkpoint`), an
 run readers (`report`, `context`) and the CLI's "it moved to" line use (`flatten_knobs`,
 `knob_path`). A constructor takes groups only; a flat keyword is refused with the group it moved to
 (`moved_keywords`).
+
+A group's field renamed after checkpoints saved it (`network.span` → `network.span_kind`) is listed in
+its module's `renamed_knobs`; `rename_knobs` reads the old name in both places before anything else.
 """
 
 from __future__ import annotations
@@ -159,6 +162,29 @@ def upgrade_flat(
             continue
         upgraded[name] = {**(saved or {}), **fields}
     return upgraded
+
+
+def rename_knobs(
+    init_args: Mapping[str, Any], renamed: Mapping[str, str], prefixes: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """`init_args` (a checkpoint's saved hyperparameters or a run config's init_args) with each knob
+    that was renamed after it was saved under its new name. `renamed` maps the old path of a group's
+    field to the new one (`network.span` → `network.span_kind`); the old name is read in its group
+    (`network: {span: fixed}`) and under its flat name (`span: fixed`, how checkpoints saved before
+    the groups hold it). Anything else comes back unchanged."""
+    prefixes = prefixes or {}
+    out = dict(init_args)
+    for old, new in renamed.items():
+        (group, field), (new_group, new_field) = old.split("."), new.split(".")
+        saved = plain(out.get(group))
+        if isinstance(saved, Mapping) and field in saved:
+            fields = {key: value for key, value in saved.items() if key != field}
+            out[group] = fields
+            out[new_group] = {**(plain(out.get(new_group)) or {}), new_field: saved[field]}
+        flat = prefixes.get(group, "") + field
+        if flat in out:
+            out[prefixes.get(new_group, "") + new_field] = out.pop(flat)
+    return out
 
 
 def _homes(

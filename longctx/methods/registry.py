@@ -73,7 +73,7 @@ METHODS: dict[str, Method] = {
         "longctx.methods.adaptive_span.module.AdaptiveSpanLM",
         "configs/adaptive_span_tiny.yaml",
         tiny_knobs={"network": {**TINY_SIZES, "attn_span": 32}},
-        golden={"adaptive_span": {}, "fixed_span": {"network": {"span": "fixed"}}},
+        golden={"adaptive_span": {}, "fixed_span": {"network": {"span_kind": "fixed"}}},
         bench_knobs={"network": {"attn_span": 512, "span_init": 0.1}},
         checkpoint_formats={"adaptive-span": "longctx.methods.adaptive_span.convert"},
     ),

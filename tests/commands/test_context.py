@@ -129,8 +129,8 @@ def test_a_span_cap_of_c_reads_what_a_span_of_c_reads():
     """A fixed-span model (S = 16) capped at 8 equals the same weights with S = 8 (key_pe's last 8
     columns); with no cap it differs."""
     torch.manual_seed(0)
-    wide = tiny("adaptive_span", network={"span": "fixed", "attn_span": 16, "dropout": 0.0}).eval()
-    narrow = tiny("adaptive_span", network={"span": "fixed", "attn_span": 8, "dropout": 0.0}).eval()
+    wide = tiny("adaptive_span", network={"span_kind": "fixed", "attn_span": 16, "dropout": 0.0}).eval()
+    narrow = tiny("adaptive_span", network={"span_kind": "fixed", "attn_span": 8, "dropout": 0.0}).eval()
     state = wide.state_dict()
     state["net.key_pe"] = state["net.key_pe"][:, -8:]
     narrow.load_state_dict(state)

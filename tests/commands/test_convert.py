@@ -162,11 +162,13 @@ def test_adaptive_span_checkpoint_keeps_the_architecture_and_loads_into_the_netw
     store) in the network group, none of the module's evaluation knobs."""
     hparams = torch.load(adaptive_ckpt, weights_only=True)["hyper_parameters"]
     assert hparams["network"] == dict(
-        d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span="adaptive", span_ramp=8
+        d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_kind="adaptive", span_ramp=8
     )
     assert set(hparams) == {"_class_path", "vocab_size", "network"}
     model = AdaptiveSpanLM.load_from_checkpoint(adaptive_ckpt, eval_span_cap=64)
-    sizes = dict(d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_ramp=8, span="adaptive")
+    sizes = dict(
+        d_model=32, n_layers=2, n_heads=4, d_inner=64, attn_span=256, span_ramp=8, span_kind="adaptive"
+    )
     assert {key: getattr(model.net.config, key) for key in sizes} == sizes
     assert model.eval_span_cap == 64
 

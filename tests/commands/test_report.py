@@ -238,7 +238,7 @@ VARIANT_CONFIGS = {
     "recurrent_gpt2": (GPT2, {"recurrence": True, "insert_layer": 2}, DATA),
     "recurrent_gpt2_reset": (GPT2, {"recurrence": True, "insert_layer": 2, "eval_h_prev": "reset"}, DATA),
     "adaptive_span": (SPAN, {"span": "adaptive", "attn_span": 512}, DATA),
-    "fixed_span": (SPAN, {"span": "fixed", "attn_span": 512}, DATA),
+    "fixed_span": (SPAN, {"span_kind": "fixed", "attn_span": 512}, DATA),  # adaptive_span: its old name
     "window": (WINDOW, {}, {**DATA, "eval_tgt_len": 128}),
     "compressive": (CT, CT_ARGS, DATA),
     "compressive_longer": (CT, {**CT_ARGS, "eval_cmem_len": 64, "compression_rate": 3}, DATA),

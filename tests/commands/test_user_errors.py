@@ -83,7 +83,10 @@ TYPO = "model.init_args.network: no option"
     "init_args, flags, expected",
     [
         ("{d_model: 16}", [], f"{MOVED} 'd_model' (it moved to model.init_args.network.d_model)"),
-        ("{network: {spn: fixed}}", [], f"{TYPO} 'spn' (did you mean span?)"),
+        ("{network: {span_knd: fixed}}", [], f"{TYPO} 'span_knd' (did you mean span_kind"),
+        ("{network: {span: fixed}}", [], f"{TYPO} 'span' (it is model.init_args.network.span_kind now)"),
+        (SPAN_NETWORK, ["--model.init_args.network.span", "fixed"], f"{TYPO} 'span' (it is model.init_args"),
+        (SPAN_NETWORK, ["--model.init_args.network.span_", "fixed"], "model: --network.span_ is the begin"),
         (SPAN_NETWORK, ["--model.init_args.attn_span", "8"], f"{MOVED} 'attn_span' (it moved to"),
         (SPAN_NETWORK, ["--model.init_args.network.chunk_sise", "8"], f"{TYPO} 'chunk_sise' (did you mean"),
     ],
@@ -93,7 +96,8 @@ def test_a_network_knob_outside_or_misspelt_in_its_group_names_its_place(
 ):
     """Adaptive span's network knobs live under model.init_args.network (`SpanTransformer.Config`):
     the flat name of before says where it moved; a typo inside the group, as a YAML key or a flag,
-    names the group and the close field."""
+    names the group and the close field; a renamed field (`span`, now `span_kind`) its new name; a
+    flag that begins several names (argparse's prefix matching) asks for the whole name."""
     config = write(tmp_path / "c.yaml", f"model:\n  class_path: {SPAN}\n  init_args: {init_args}\n")
     message = parse_error(parser, ["fit", "--config", str(config), *flags])
     assert message.startswith(expected), message

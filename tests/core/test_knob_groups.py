@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from longctx.core.base import LMBase
-from longctx.core.knob_groups import as_group, override_groups
+from longctx.core.knob_groups import as_group, override_groups, rename_knobs
 from longctx.methods.transformer_xl.network import TransformerXL
 
 
@@ -131,6 +131,23 @@ def test_flatten_knobs_gives_a_run_configs_groups_their_flat_names():
         "protocol": "xl",
     }
     assert Knobbed.flatten_knobs({"d_model": 4, "eval_mem_len": 7}) == {"d_model": 4, "eval_mem_len": 7}
+
+
+def test_a_renamed_field_is_read_under_its_old_name_grouped_or_flat():
+    renamed = {"evaluation.same_length": "evaluation.same_len"}
+    grouped = {"network": {"d_model": 4}, "evaluation": {"mem_len": 7, "same_length": True}}
+    assert rename_knobs(grouped, renamed, Knobbed.flat_prefixes) == {
+        "network": {"d_model": 4},
+        "evaluation": {"mem_len": 7, "same_len": True},
+    }
+    flat = {"d_model": 4, "eval_same_length": True, "protocol": "xl"}  # before the groups
+    assert rename_knobs(flat, renamed, Knobbed.flat_prefixes) == {
+        "d_model": 4,
+        "eval_same_len": True,
+        "protocol": "xl",
+    }
+    current = {"evaluation": {"same_len": False}}
+    assert rename_knobs(current, renamed, Knobbed.flat_prefixes) == current
 
 
 def test_as_group_reads_a_dataclass_a_dict_or_none():

@@ -243,7 +243,7 @@ def carried_numbers(model: LMBase, data_class: type[SyntheticData]) -> list[int]
     [
         ("transformer_xl", TINY["transformer_xl"].build, SyntheticData, 0),
         ("rpe", lambda: tiny("transformer_xl", mem_len=0), SyntheticData, 0),
-        ("fixed_span", lambda: TINY["adaptive_span"].build(network={"span": "fixed"}), SyntheticData, 0),
+        ("fixed_span", lambda: TINY["adaptive_span"].build(network={"span_kind": "fixed"}), SyntheticData, 0),
         # Its memory keeps up to c - 1 states beyond n_m until they fill a group to compress.
         ("compressive", TINY["compressive_transformer"].build, SyntheticData, 1 * 16),
         ("recurrence", TINY["recurrence"].build, WindowData, 0),

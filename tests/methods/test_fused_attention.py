@@ -377,7 +377,7 @@ def span_network(
         d_inner=32,
         attn_span=80,
         dropout=dropout,
-        span=span,
+        span_kind=span,
         span_ramp=8,
         chunk_size=8,
         **kwargs,

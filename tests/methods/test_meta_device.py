@@ -45,7 +45,8 @@ def tokens(*shape: int) -> torch.Tensor:
 )
 def test_adaptive_span_on_meta(span, span_trim):
     with META:
-        net = SpanTransformer.Config(32, 2, 4, 64, 128, dropout=0.1, span=span, span_trim=span_trim).build(50)
+        config = SpanTransformer.Config(32, 2, 4, 64, 128, dropout=0.1, span_kind=span, span_trim=span_trim)
+        net = config.build(50)
     x = tokens(2, 16)
     with NoHostTensors():
         out = net(x, net.init_cache(2, device=META))

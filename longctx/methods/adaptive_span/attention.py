@@ -38,7 +38,7 @@ refuses it.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -158,61 +158,68 @@ def _fused_band(
     return out.view(B, H, n, c, Dh)
 
 
-def check_span_knobs(d_model: int, n_heads: int, span: str, span_trim: str, attention: str) -> None:
-    """One line naming a bad choice of a span layer's knobs (`SpanAttention` and
-    `SpanTransformer.Config` both check them, so a bad config fails before anything is built)."""
+def check_span_knobs(d_model: int, n_heads: int, span_kind: str, span_trim: str, attention: str) -> None:
+    """One line naming a bad choice of a span layer's knobs (`SpanTransformer.Config` checks them, so a
+    bad config fails before anything is built)."""
     check_attention_kernel(attention)
-    if attention == "flex" and span == "dynamic":
+    if attention == "flex" and span_kind == "dynamic":
         raise ValueError(
             "attention 'flex' needs a fixed or adaptive span (the dynamic span's attended length "
             "changes every block, a compilation each): use 'sdpa' (fused) or 'eager'"
         )
     if d_model % n_heads:
         raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-    if span not in ("fixed", "adaptive", "dynamic"):
-        raise ValueError(f"span must be 'fixed', 'adaptive' or 'dynamic', got {span!r}")
+    if span_kind not in ("fixed", "adaptive", "dynamic"):
+        raise ValueError(f"span_kind must be 'fixed', 'adaptive' or 'dynamic', got {span_kind!r}")
     if span_trim not in ("layer", "head"):
         raise ValueError(f"span_trim must be 'layer' (the released code) or 'head', got {span_trim!r}")
+
+
+class SpanAttentionConfig(Protocol):
+    """What the attention reads of its network's Config (`SpanTransformer.Config`, which this file
+    cannot import: the network imports it)."""
+
+    d_model: int
+    n_heads: int
+    attn_span: int
+    dropout: float
+    span_kind: SpanKind
+    span_ramp: int
+    span_init: float
+    dynamic_bias_init: float
+    chunk_size: int
+    span_trim: SpanTrim
+    attention: AttentionKernel
 
 
 class SpanAttention(nn.Module):
     """Multi-head attention over the previous S positions with a fixed, adaptive or dynamic span.
 
-    Bias-free Q/K/V/O projections (as in the code). attention: "sdpa" (fused, default), "eager" (the
-    code's ops) or "flex" (compiled, evaluation); see the module docstring. The caller passes the
-    layer's cache of previous hidden states and the shared key position embedding.
+    Bias-free Q/K/V/O projections (as in the code). The knobs are the network's
+    (`SpanTransformer.Config`: d_model, n_heads, attn_span S, dropout, span_kind, span_ramp R,
+    span_init, dynamic_bias_init, chunk_size, span_trim, attention: "sdpa" fused, "eager" the code's
+    ops or "flex" compiled at evaluation; see the module docstring). The caller passes the layer's
+    cache of previous hidden states and the shared key position embedding.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        attn_span: int,
-        dropout: float,
-        span: SpanKind = "adaptive",
-        span_ramp: int = 32,
-        span_init: float = 0.0,
-        dynamic_bias_init: float = -4.0,
-        chunk_size: int = 64,
-        span_trim: SpanTrim = "head",
-        attention: AttentionKernel = "sdpa",
-    ) -> None:
+    def __init__(self, config: SpanAttentionConfig) -> None:
         super().__init__()
-        check_span_knobs(d_model, n_heads, span, span_trim, attention)
-        self.attention = attention
-        self.n_heads, self.head_dim, self.S, self.span = n_heads, d_model // n_heads, attn_span, span
-        self.chunk_size, self.span_trim = chunk_size, span_trim
+        c = config
+        d_model, n_heads, attn_span = c.d_model, c.n_heads, c.attn_span
+        self.attention = c.attention
+        self.n_heads, self.head_dim, self.S = n_heads, d_model // n_heads, attn_span
+        self.chunk_size, self.span_trim = c.chunk_size, c.span_trim
         self.proj_query = nn.Linear(d_model, d_model, bias=False)
         self.proj_key = nn.Linear(d_model, d_model, bias=False)
         self.proj_val = nn.Linear(d_model, d_model, bias=False)
         self.proj_out = nn.Linear(d_model, d_model, bias=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.adaptive_mask = (
-            AdaptiveMask(n_heads, attn_span, span_ramp, span_init) if span == "adaptive" else None
+            AdaptiveMask(n_heads, attn_span, c.span_ramp, c.span_init) if c.span_kind == "adaptive" else None
         )
         self.dynamic_span = (
-            DynamicSpan(d_model, n_heads, attn_span, span_ramp, dynamic_bias_init)
-            if span == "dynamic"
+            DynamicSpan(d_model, n_heads, attn_span, c.span_ramp, c.dynamic_bias_init)
+            if c.span_kind == "dynamic"
             else None
         )
 

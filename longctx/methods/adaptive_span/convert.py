@@ -44,7 +44,7 @@ from longctx.methods.adaptive_span.module import AdaptiveSpanLM
 MODEL_CLASS = AdaptiveSpanLM
 # What fixes the tensors' shapes and the cache sizes (the checkpoint does not store R), by flat name
 # (fields of the network group, `SpanTransformer.Config`).
-ARCH_KEYS = ("d_model", "n_layers", "n_heads", "d_inner", "attn_span", "span", "span_ramp")
+ARCH_KEYS = ("d_model", "n_layers", "n_heads", "d_inner", "attn_span", "span_kind", "span_ramp")
 EOS = "<eos>"
 NEWLINE = 10
 SPACE_SYMBOL = "_"  # prep_text8.py writes a space as "_"
@@ -168,7 +168,8 @@ def read_checkpoint(source: Path) -> dict[str, Tensor]:
 
 def configured(init_args: dict) -> dict:
     """The config's settings that `architecture` reads from a checkpoint (`init_args` by flat name)."""
-    return {key: init_args[key] for key in ("d_model", "n_layers", "n_heads", "d_inner", "attn_span", "span")}
+    keys = ("d_model", "n_layers", "n_heads", "d_inner", "attn_span", "span_kind")
+    return {key: init_args[key] for key in keys}
 
 
 def architecture(fmt: str, source: Path) -> dict:
@@ -189,7 +190,7 @@ def architecture(fmt: str, source: Path) -> dict:
         "n_heads": z.shape[0],
         "d_inner": fc1.shape[0],
         "attn_span": theirs["key_pe"].shape[-1],
-        "span": "adaptive",
+        "span_kind": "adaptive",
     }
 
 
@@ -209,9 +210,10 @@ def convert(
             f"{datamodule.info.name} is {unit}-level"
         )
     network = model.net.config
-    if network.span != "adaptive":
+    if network.span_kind != "adaptive":
         raise ConvertError(
-            f"the checkpoint has adaptive spans; the config has model.init_args.network.span: {network.span}"
+            "the checkpoint has adaptive spans; the config has model.init_args.network.span_kind: "
+            f"{network.span_kind}"
         )
     unknown = [k for k in theirs if k not in _DIRECT and not _MASK.fullmatch(k) and not _LAYER.fullmatch(k)]
     if unknown:

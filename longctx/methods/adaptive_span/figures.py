@@ -52,7 +52,7 @@ class SpanFigure(pl.Callback):
         path = Path(trainer.default_root_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         config = pl_module.net.config
-        span_figure(pl_module.head_spans(), config.attn_span, config.span).savefig(path, dpi=120)
+        span_figure(pl_module.head_spans(), config.attn_span, config.span_kind).savefig(path, dpi=120)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_image(key="span/by_layer", images=[str(path)])

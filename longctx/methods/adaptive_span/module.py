@@ -1,7 +1,7 @@
 """`AdaptiveSpanLM`: Adaptive Attention Span (Sukhbaatar et al. 2019) on the `LMBase` spine.
 
-One module for the three variants of the paper, chosen by the network group's `span`
-(`model.init_args.network.span`): `adaptive` (§2.2, a learned span per head), `dynamic` (§2.2,
+One module for the three variants of the paper, chosen by the network group's `span_kind`
+(`model.init_args.network.span_kind`): `adaptive` (§2.2, a learned span per head), `dynamic` (§2.2,
 z_t = S·σ(vᵀx_t + b)) and `fixed` (the same network without the mask, the paper's fixed-span
 comparison). The memory carried across batches is a `SpanCache`: per layer,
 the hidden states that entered the layer in earlier blocks (the code's `h_cache`).
@@ -15,7 +15,7 @@ The paper's symbols and where each lives in this folder: the package docstring (
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 import torch
@@ -73,6 +73,7 @@ class AdaptiveSpanLM(LMBase):
     batch_mode = "segments"
 
     context_axes = (SPAN_CAP,)  # `context`: eval_span_cap
+    renamed_knobs: ClassVar[dict[str, str]] = {"network.span": "network.span_kind"}
 
     def __init__(
         self,
@@ -142,7 +143,7 @@ class AdaptiveSpanLM(LMBase):
         z = torch.stack(out.spans).float()  # (n_layers, H)
         config = self.net.config
         S, R = config.attn_span, config.span_ramp
-        if config.span == "adaptive":  # the parameter z' itself, as the code reads it
+        if config.span_kind == "adaptive":  # the parameter z' itself, as the code reads it
             z_ratio = torch.stack([layer.attn.adaptive_mask.z_ratio.detach() for layer in self.net.layers])
         else:
             z_ratio = z / S
@@ -164,16 +165,16 @@ class AdaptiveSpanLM(LMBase):
         """Per layer the spans of its heads (H,): z for adaptive spans, the last block's mean z_t for
         dynamic spans, S for fixed spans."""
         config = self.net.config
-        if config.span == "adaptive":
+        if config.span_kind == "adaptive":
             return [layer.attn.adaptive_mask.z.detach().float().cpu() for layer in self.net.layers]
-        if config.span == "dynamic" and self._last_spans:
+        if config.span_kind == "dynamic" and self._last_spans:
             return [z.float().cpu() for z in self._last_spans]
         return [torch.full((config.n_heads,), float(config.attn_span)) for _ in self.net.layers]
 
     @classmethod
     def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
         """The span kind and the maximum span S."""
-        return f"{model.get('span')} span S={model.get('attn_span')}"
+        return f"{model.get('span_kind')} span S={model.get('attn_span')}"
 
     def state_size(self) -> int:
         """cap·d numbers per layer: the cached states the farthest query may attend at evaluation
@@ -195,12 +196,12 @@ class AdaptiveSpanLM(LMBase):
         layer or per head, as `span_trim` computes it)."""
         h = self.net.config
         spans = [z.tolist() for z in self.head_spans()]
-        ramp = 0 if h.span == "fixed" else h.span_ramp
+        ramp = 0 if h.span_kind == "fixed" else h.span_ramp
         return span_flops.flops_per_token(
             h.d_model, h.n_layers, h.d_inner, self.vocab_size, spans, ramp, h.attn_span,
-            block=segment_length, trim=h.span_trim if h.span == "adaptive" else "layer",
+            block=segment_length, trim=h.span_trim if h.span_kind == "adaptive" else "layer",
         )  # fmt: skip
 
     def configure_callbacks(self) -> list[pl.Callback]:
         """The span figure (paper Figure 4) for every run with learned spans; see `figures.py`."""
-        return [] if self.net.config.span == "fixed" else [SpanFigure()]
+        return [] if self.net.config.span_kind == "fixed" else [SpanFigure()]

@@ -56,7 +56,7 @@ class SpanTransformerConfig:
     attn_span: S, the maximum span (paper: 8192).
     dropout: on attention probabilities and after the feed-forward ReLU (paper: 0.3 small, 0.4 large).
     emb_dropout: on the embedding output and before the output projection (code default 0).
-    span: "adaptive" (§2.2, a learned span per head), "dynamic" (§2.2, z_t = S·σ(vᵀx_t + b)) or
+    span_kind: "adaptive" (§2.2, a learned span per head), "dynamic" (§2.2, z_t = S·σ(vᵀx_t + b)) or
         "fixed" (no mask, the paper's fixed-span comparison).
     span_ramp: R, the ramp length (paper: 32); span_init: initial z' (code: 0); dynamic_bias_init: b
         at init for dynamic spans (paper: -4).
@@ -76,7 +76,7 @@ class SpanTransformerConfig:
     attn_span: int = 8192
     dropout: float = 0.3
     emb_dropout: float = 0.0
-    span: SpanKind = "adaptive"
+    span_kind: SpanKind = "adaptive"
     span_ramp: int = 32
     span_init: float = 0.0
     dynamic_bias_init: float = -4.0
@@ -92,7 +92,7 @@ class SpanTransformerConfig:
                 f"attn_span ({self.attn_span}) and chunk_size ({self.chunk_size}) must be positive and "
                 f"span_ramp ({self.span_ramp}) >= 0"
             )
-        check_span_knobs(self.d_model, self.n_heads, self.span, self.span_trim, self.attention)
+        check_span_knobs(self.d_model, self.n_heads, self.span_kind, self.span_trim, self.attention)
 
     def build(self, vocab_size: int) -> SpanTransformer:
         return SpanTransformer(vocab_size, self)
@@ -104,10 +104,7 @@ class SpanBlock(nn.Module):
     def __init__(self, config: SpanTransformerConfig) -> None:
         super().__init__()
         c = config
-        self.attn = SpanAttention(
-            c.d_model, c.n_heads, c.attn_span, c.dropout, c.span, c.span_ramp, c.span_init,
-            c.dynamic_bias_init, c.chunk_size, c.span_trim, c.attention,
-        )  # fmt: skip
+        self.attn = SpanAttention(c)
         self.norm1 = nn.LayerNorm(c.d_model)
         self.ff = FeedForward(c.d_model, c.d_inner, c.dropout)
         self.norm2 = nn.LayerNorm(c.d_model)
@@ -132,7 +129,7 @@ class SpanTransformer(nn.Module):
     def __init__(self, vocab_size: int, config: SpanTransformerConfig) -> None:
         super().__init__()
         self.config = config
-        self.d_model, self.span = config.d_model, config.span
+        self.d_model = config.d_model
         self.in_emb = nn.Embedding(vocab_size, config.d_model)
         self.out_emb = nn.Linear(config.d_model, vocab_size)
         self.emb_dropout = nn.Dropout(config.emb_dropout)

@@ -28,7 +28,7 @@ def net(
         d_inner=32,
         attn_span=S,
         dropout=0.0,
-        span=span,
+        span_kind=span,
         span_ramp=R,
         chunk_size=chunk_size,
         **kwargs,
@@ -58,7 +58,9 @@ def test_mask_values_match_hand_computation():
 def test_gradient_reaches_z_and_matches_finite_differences():
     torch.manual_seed(0)
     attn = SpanAttention(
-        d_model=8, n_heads=2, attn_span=24, dropout=0.0, span="adaptive", span_ramp=6, chunk_size=4
+        SpanTransformer.Config(
+            d_model=8, n_heads=2, attn_span=24, dropout=0.0, span_kind="adaptive", span_ramp=6, chunk_size=4
+        )
     ).double()
     with torch.no_grad():
         attn.adaptive_mask.z_ratio.copy_(torch.tensor([0.2, 0.45]))  # inside the ramp

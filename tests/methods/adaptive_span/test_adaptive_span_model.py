@@ -29,7 +29,7 @@ S, H, N_LAYERS = 64, 2, 2
 def tiny(span: str = "adaptive", span_loss: float = 1e-3, optimizer=None) -> AdaptiveSpanLM:
     torch.manual_seed(0)
     network = SpanTransformer.Config(
-        d_model=16, n_layers=N_LAYERS, n_heads=H, d_inner=32, attn_span=S, dropout=0.0, span=span,
+        d_model=16, n_layers=N_LAYERS, n_heads=H, d_inner=32, attn_span=S, dropout=0.0, span_kind=span,
         span_ramp=8, chunk_size=8,
     )  # fmt: skip
     return AdaptiveSpanLM(
@@ -75,14 +75,14 @@ class Record(Callback):
         self.batches.append({k: v.clone() for k, v in batch.items()})
         self.memories.append(pl_module._memory_for("train", batch))
         self.embeddings.append(pl_module.net.in_emb.weight.detach().clone())
-        if pl_module.net.config.span == "adaptive":
+        if pl_module.net.config.span_kind == "adaptive":
             self.z_before.append(z_ratios(pl_module))
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         self.losses.append(loss.detach().clone())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.net.config.span == "adaptive":
+        if pl_module.net.config.span_kind == "adaptive":
             self.z_after.append(z_ratios(pl_module))
 
 
@@ -309,7 +309,7 @@ def test_the_module_saves_its_network_group_as_a_dict_and_reads_it_back():
     from_dict = AdaptiveSpanLM(vocab_size=11, network=dataclasses.asdict(NETWORK), eval_span_cap=8)
     assert grouped.hparams == from_dict.hparams
     network = {
-        k: v
+        {"span": "span_kind"}.get(k, k): v  # the kind of span, renamed after the flat checkpoints
         for k, v in OLD_FLAT_HPARAMS.items()
         if k not in ("_class_path", "vocab_size", "span_loss", "eval_span_cap")
     }
@@ -347,6 +347,24 @@ def test_a_checkpoint_with_the_flat_hparams_of_before_loads(tmp_path):
     assert_same_weights(loaded, saved)
 
 
+def test_a_checkpoint_that_saved_the_span_kind_as_span_loads_with_that_kind(tmp_path):
+    """`network.span` was renamed `network.span_kind`: a checkpoint saved before reads as it was
+    trained (a fixed-span checkpoint read as the default, adaptive, would be a wrong number)."""
+    network = dataclasses.replace(NETWORK, span_kind="fixed")
+    saved = AdaptiveSpanLM(vocab_size=11, network=network)
+    hparams = {**saved.hparams, "network": {**dataclasses.asdict(network)}}
+    hparams["network"]["span"] = hparams["network"].pop("span_kind")
+    path = tmp_path / "old.ckpt"
+    version = pl.__version__
+    torch.save(
+        {"state_dict": saved.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": version},
+        path,
+    )
+    loaded = AdaptiveSpanLM.load_from_checkpoint(path)
+    assert loaded.net.config == network and loaded.net.layers[0].attn.adaptive_mask is None
+    assert AdaptiveSpanLM.flatten_knobs(hparams)["span_kind"] == "fixed"  # a run config of before, in report
+
+
 def test_the_network_config_builds_the_network():
     torch.manual_seed(0)
     built = NETWORK.build(11)
@@ -364,7 +382,7 @@ def test_the_network_config_builds_the_network():
             r"^attn_span \(8192\) and chunk_size \(64\) must be positive and span_ramp \(-1\) >= 0$",
         ),
         ({"d_model": 10, "n_heads": 3}, r"^d_model \(10\) must be divisible by n_heads \(3\)$"),
-        ({"span": "dynamic", "attention": "flex"}, r"^attention 'flex' needs a fixed or adaptive span"),
+        ({"span_kind": "dynamic", "attention": "flex"}, r"^attention 'flex' needs a fixed or adaptive span"),
         ({"span_trim": "row"}, r"^span_trim must be 'layer' \(the released code\) or 'head', got 'row'$"),
     ],
 )
