@@ -48,7 +48,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from longctx.core.base import detach_memory
-from longctx.methods.adaptive_span.flops import flops_per_token, macs_per_token, parameter_count
+from longctx.methods.adaptive_span.flops import (
+    flops_per_token,
+    macs_per_token,
+    network_flops_per_token,
+    parameter_count,
+)
 from longctx.methods.adaptive_span.network import SpanTransformer
 from longctx.optim.adagrad import ClippedAdagrad
 
@@ -113,17 +118,12 @@ class Runner:
         self.B, self.M = config["batch"], config["block"]
         self.cache = self.net.init_cache(self.B)
         self.attended: list[int] = []
-        self.flops = flops_per_token(
-            config["d_model"],
-            n_layers,
-            config["d_inner"],
+        self.flops = network_flops_per_token(
+            self.net.config,
             256,
             [[float(S)] * n_heads] * n_layers if self.spans is None else self.spans,
-            span_ramp=32,
-            attn_span=S,
-            attended="trimmed",
             block=config["block"],
-            trim=self.trim,
+            attended="trimmed",
         )
 
     def step(self) -> float:

@@ -24,15 +24,21 @@ trimmed attended length). The paper's count leaves it out (`block=None`).
 `trim="head"` counts what `span_trim="head"` computes: each head over its own trimmed length L_h (its
 span + R rounded up to 64, `attended="trimmed"`), and each head re-projects only its L_h cached
 states (2·d·Dh·Σ_h L_h / M per token with `block`).
+
+`network_flops_per_token` takes the network's Config and reads the ramp, the cap and the trimming
+from it (what the module logs and the benchmark counts); `macs_per_token` is the count from sizes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from longctx.core.flops import flops_from_macs
 from longctx.methods.adaptive_span.mask import attended_length
+
+if TYPE_CHECKING:
+    from longctx.methods.adaptive_span.network import SpanTransformerConfig
 
 Spans = float | Sequence[float] | Sequence[Sequence[float]]
 
@@ -92,6 +98,25 @@ def macs_per_token(
 def flops_per_token(*args, **kwargs) -> float:
     """`macs_per_token` in the project's convention: FLOPs = 2 × MACs (same arguments)."""
     return flops_from_macs(macs_per_token(*args, **kwargs))
+
+
+def network_flops_per_token(
+    config: SpanTransformerConfig,
+    vocab_size: int,
+    spans: Spans,
+    block: int | None = None,
+    attended: Literal["mask", "trimmed"] = "mask",
+) -> float:
+    """FLOPs per token of the network `config` builds (`SpanTransformer.Config`), with `spans` (per
+    layer, per head: the learned z, or S for a fixed span): each head over z + R positions (a fixed
+    span: S, no ramp), trimmed as the network trims (`span_trim` for adaptive spans, per layer for
+    the dynamic span), the cached states re-projected every `block` tokens (`flops_per_token`)."""
+    c = config
+    ramp = 0 if c.span_kind == "fixed" else c.span_ramp
+    trim = c.span_trim if c.span_kind == "adaptive" else "layer"
+    return flops_per_token(
+        c.d_model, c.n_layers, c.d_inner, vocab_size, spans, ramp, c.attn_span, attended, block, trim
+    )
 
 
 def parameter_count(

@@ -194,13 +194,8 @@ class AdaptiveSpanLM(LMBase):
         """Forward FLOPs per token with each head over its own span (z + R, at most S; `flops.py`),
         counting the re-projection of the cached states every block of `segment_length` tokens (per
         layer or per head, as `span_trim` computes it)."""
-        h = self.net.config
         spans = [z.tolist() for z in self.head_spans()]
-        ramp = 0 if h.span_kind == "fixed" else h.span_ramp
-        return span_flops.flops_per_token(
-            h.d_model, h.n_layers, h.d_inner, self.vocab_size, spans, ramp, h.attn_span,
-            block=segment_length, trim=h.span_trim if h.span_kind == "adaptive" else "layer",
-        )  # fmt: skip
+        return span_flops.network_flops_per_token(self.net.config, self.vocab_size, spans, segment_length)
 
     def configure_callbacks(self) -> list[pl.Callback]:
         """The span figure (paper Figure 4) for every run with learned spans; see `figures.py`."""

@@ -10,7 +10,12 @@ import torch
 from torch import nn
 
 from longctx.methods.adaptive_span.attention import SpanAttention, band_attention, key_windows
-from longctx.methods.adaptive_span.flops import flops_per_token, macs_per_token, parameter_count
+from longctx.methods.adaptive_span.flops import (
+    flops_per_token,
+    macs_per_token,
+    network_flops_per_token,
+    parameter_count,
+)
 from longctx.methods.adaptive_span.mask import AdaptiveMask, DynamicSpan, attended_length
 from longctx.methods.adaptive_span.memory import SpanCache
 from longctx.methods.adaptive_span.network import SpanTransformer
@@ -319,6 +324,24 @@ def test_macs_count_matches_the_model_parameters_and_trimming():
     trimmed = macs_per_token(16, 2, 32, 20, spans, span_ramp=32, attn_span=512, attended="trimmed")
     assert trimmed == base + 3 * 16 * sum(out.attended)
     assert out.attended == [192, 64]
+
+
+@pytest.mark.parametrize(
+    ("span_kind", "span_trim"), [("adaptive", "head"), ("adaptive", "layer"), ("fixed", "head")]
+)
+def test_the_networks_flops_read_ramp_cap_and_trimming_from_its_config(span_kind, span_trim):
+    """A fixed span has no ramp and trims per layer; an adaptive span adds R and trims as span_trim."""
+    config = SpanTransformer.Config(
+        d_model=16, n_layers=2, n_heads=2, d_inner=32, attn_span=512, span_kind=span_kind, span_ramp=32,
+        span_trim=span_trim,
+    )  # fmt: skip
+    spans = [[10.0, 100.0], [0.0, 0.0]] if span_kind == "adaptive" else [[512.0] * 2] * 2
+    ramp, trim = (32, span_trim) if span_kind == "adaptive" else (0, "layer")
+    expected = flops_per_token(16, 2, 32, 20, spans, ramp, 512, "trimmed", 8, trim)
+    assert network_flops_per_token(config, 20, spans, block=8, attended="trimmed") == expected
+    if span_kind == "fixed":  # S for every head: 3·d·S per layer, the re-projection of S states per block
+        weights = 2 * (4 * 16**2 + 2 * 16 * 32) + 16 * 20
+        assert expected == 2 * (weights + 2 * (3 * 16 * 512 + 2 * 16**2 * 512 / 8))
 
 
 def test_flops_per_token_per_head_with_the_cache_reprojection_by_hand():
