@@ -244,6 +244,7 @@ VARIANT_CONFIGS = {
     "compressive_longer": (CT, {**CT_ARGS, "eval_cmem_len": 64, "compression_rate": 3}, DATA),
     "rmt": (RMT, {"num_mem_tokens": 16, "eval_memory": "carried"}, DATA),
     "rmt_reset": (RMT, {"num_mem_tokens": 16, "eval_memory": "reset"}, {**DATA, "eval_tgt_len": 128}),
+    "rmt_samples": (RMT, {"num_mem_tokens": 16, "eval_memory": "carried", "eval_restart_every": 2}, DATA),
 }
 EXPECTED_VARIANTS = {
     "xl": "XL memory 64 (trained with 32), protocol xl",
@@ -261,6 +262,7 @@ EXPECTED_VARIANTS = {
     "compressive_longer": "memory 32 + compressed 64 (conv, c=3), reaches 224 (trained with 32 + 16)",
     "rmt": "m=16 memory tokens, window 64",
     "rmt_reset": "m=16 memory tokens, reset every window, window 128",
+    "rmt_samples": "m=16 memory tokens, restarted every 2 windows, window 64",
 }
 
 

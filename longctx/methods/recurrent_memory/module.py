@@ -63,6 +63,11 @@ class RecurrentMemoryLM(LMBase):
             segments, as the authors' training samples are).
         eval_memory: at validation/test, "carried" (the memory flows over the whole split) or
             "reset" (every segment reads the initial memory: the same weights with the memory cut).
+        eval_restart_every: with the memory carried, restart it from the initial memory every this
+            many segments of the evaluation (segments 0, n, 2n, ... read the initial memory): the
+            authors' evaluation of samples of K segments, what a `train_memory: fresh` model trained
+            on (set it to the training's `data.windows_per_batch`); None: never (carried over the
+            whole split, as every method's memory).
         checkpoint_segments: in training, recompute each segment in the backward, one segment at a
             time in reverse (`longctx/methods/bptt.py`): the activations of one segment, not K, at once.
         checkpoint_blocks: also checkpoint every GPT-2 block (Hugging Face's activation
@@ -86,6 +91,7 @@ class RecurrentMemoryLM(LMBase):
         memory_cell: MemoryCell.Config = MemoryCell.Config(),  # noqa: B008 (frozen)
         train_memory: Literal["carried", "fresh"] = "carried",
         eval_memory: Literal["carried", "reset"] = "carried",
+        eval_restart_every: int | None = None,
         checkpoint_segments: bool = False,
         checkpoint_blocks: bool = False,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
@@ -99,6 +105,10 @@ class RecurrentMemoryLM(LMBase):
             raise ValueError(f"train_memory must be 'carried' or 'fresh', got {train_memory!r}")
         if eval_memory not in ("carried", "reset"):
             raise ValueError(f"eval_memory must be 'carried' or 'reset', got {eval_memory!r}")
+        if eval_restart_every is not None and eval_restart_every < 1:
+            raise ValueError(
+                f"eval_restart_every must be at least 1 (or null: never), got {eval_restart_every}"
+            )
         self.lm = build_lm(pretrained, gpt2_config, vocab_size, attn_implementation)
         self.memory_cell = memory_cell.build(self.lm.get_input_embeddings().weight)
         if pretrained is not None and pretrained.endswith(".ckpt"):
@@ -106,6 +116,8 @@ class RecurrentMemoryLM(LMBase):
         if checkpoint_blocks:
             self.lm.activation_checkpointing_enable({"use_reentrant": False})
         self.train_memory, self.eval_memory = train_memory, eval_memory
+        self.eval_restart_every = eval_restart_every
+        self._eval_segment = 0  # the evaluation's segments read so far (`eval_restart_every`)
         self.checkpoint_segments = checkpoint_segments
 
     @property
@@ -140,6 +152,8 @@ class RecurrentMemoryLM(LMBase):
             state = None  # every batch a sample of K segments from the initial memory
         if not self.training and self.eval_memory == "reset":
             state, reset = None, torch.ones_like(reset)
+        elif not self.training and self.eval_restart_every is not None:
+            reset = reset | self._restarts(reset.shape[1], first=state is None).to(reset.device)
         out = self.memory_cell(
             self.lm,
             batch["input"],
@@ -151,6 +165,15 @@ class RecurrentMemoryLM(LMBase):
         )
         return StepOutput(nll=out.nll, memory=MemoryTokens(out.state), correct=out.correct)
 
+    def _restarts(self, n_segments: int, first: bool) -> Tensor:
+        """(1, K) bool: which of the next K evaluation segments restart from the initial memory
+        (`eval_restart_every`); `first`: no memory yet, the evaluation's first segment."""
+        if first:
+            self._eval_segment = 0
+        index = torch.arange(self._eval_segment, self._eval_segment + n_segments)
+        self._eval_segment += n_segments
+        return (index % self.eval_restart_every == 0)[None, :]
+
     @classmethod
     def describe_run(cls, model: Mapping[str, Any], data: Mapping[str, Any]) -> str:
         """m memory tokens, carried over the stream or reset every window at evaluation, and the
@@ -158,6 +181,8 @@ class RecurrentMemoryLM(LMBase):
         kind = f"m={model.get('num_mem_tokens')} memory tokens"
         if model.get("eval_memory") == "reset":
             kind += ", reset every window"
+        elif model.get("eval_restart_every"):
+            kind += f", restarted every {model['eval_restart_every']} windows"
         return f"{kind}, window {eval_window(data)}"
 
     def state_size(self) -> int:

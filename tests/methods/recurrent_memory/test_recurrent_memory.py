@@ -247,6 +247,30 @@ def test_fresh_training_samples_and_reset_evaluation_start_every_batch_or_window
     assert torch.equal(nll, torch.cat(alone, 1))
 
 
+def test_restarting_every_k_segments_evaluates_samples_of_k_segments_from_the_initial_memory():
+    """`eval_restart_every: K` (the authors' evaluation of a model trained on samples of K segments):
+    the stream, in batches of any size, scores what each K-segment sample scores alone from the
+    initial memory; a new evaluation (no memory) counts from its first segment again."""
+    model = rmt(eval_restart_every=2).eval()
+    batch = windows(n_windows=6)
+
+    def sample(k: int) -> torch.Tensor:
+        return model.step({key: value[:, k : k + 2] for key, value in batch.items()}, None).nll
+
+    with torch.no_grad():
+        memory, parts = None, []
+        for start in range(0, 6, 3):  # batches of 3 windows, across the samples' boundaries
+            out = model.step({key: value[:, start : start + 3] for key, value in batch.items()}, memory)
+            memory = detach_memory(out.memory)
+            parts.append(out.nll)
+        whole = torch.cat(parts, 1)
+        again = model.step(batch, None).nll  # a second evaluation counts from its first segment again
+        samples = [sample(k) for k in (0, 2, 4)]
+        carried = rmt().eval().step(batch, None).nll
+    assert torch.equal(whole, torch.cat(samples, 1)) and torch.equal(again, whole)
+    assert not torch.equal(carried[:, 2:], whole[:, 2:])  # the restarts change what the memory holds
+
+
 def test_the_state_size_is_the_memory_a_row_carries_to_its_next_segment():
     """m·d (`LMBase.state_size`, numbers per layer carried across segments at evaluation): what a row's
     memory holds after a batch; none when every segment reads the initial memory."""
@@ -291,6 +315,7 @@ def test_a_segment_and_its_memory_beyond_the_positions_is_refused_in_one_line():
         ({"num_mem_tokens": -1}, r"^num_mem_tokens \(m\) must be 0 or more, got -1$"),
         ({"train_memory": "random"}, r"^train_memory must be 'carried' or 'fresh', got 'random'$"),
         ({"eval_memory": "fresh"}, r"^eval_memory must be 'carried' or 'reset', got 'fresh'$"),
+        ({"eval_restart_every": 0}, r"^eval_restart_every must be at least 1 \(or null: never\), got 0$"),
     ],
 )
 def test_a_bad_knob_is_one_line(knobs, message):
