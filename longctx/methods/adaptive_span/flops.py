@@ -115,8 +115,9 @@ def network_flops_per_token(
     ramp = 0 if c.span_kind == "fixed" else c.span_ramp
     trim = c.span_trim if c.span_kind == "adaptive" else "layer"
     return flops_per_token(
-        c.d_model, c.n_layers, c.d_inner, vocab_size, spans, ramp, c.attn_span, attended, block, trim
-    )
+        c.d_model, c.n_layers, c.d_inner, vocab_size, spans,
+        span_ramp=ramp, attn_span=c.attn_span, attended=attended, block=block, trim=trim,
+    )  # fmt: skip
 
 
 def parameter_count(

@@ -153,7 +153,7 @@ class RecurrentMemoryLM(LMBase):
         if not self.training and self.eval_memory == "reset":
             state, reset = None, torch.ones_like(reset)
         elif not self.training and self.eval_restart_every is not None:
-            reset = reset | self._restarts(reset.shape[1], first=state is None).to(reset.device)
+            reset = reset | self._restarts(reset.shape[1], first=state is None, device=reset.device)
         out = self.memory_cell(
             self.lm,
             batch["input"],
@@ -165,12 +165,13 @@ class RecurrentMemoryLM(LMBase):
         )
         return StepOutput(nll=out.nll, memory=MemoryTokens(out.state), correct=out.correct)
 
-    def _restarts(self, n_segments: int, first: bool) -> Tensor:
-        """(1, K) bool: which of the next K evaluation segments restart from the initial memory
-        (`eval_restart_every`); `first`: no memory yet, the evaluation's first segment."""
+    def _restarts(self, n_segments: int, first: bool, device: torch.device) -> Tensor:
+        """(1, K) bool on `device` (built there: no host-to-device copy per batch): which of the next
+        K evaluation segments restart from the initial memory (`eval_restart_every`); `first`: no
+        memory yet, the evaluation's first segment."""
         if first:
             self._eval_segment = 0
-        index = torch.arange(self._eval_segment, self._eval_segment + n_segments)
+        index = torch.arange(self._eval_segment, self._eval_segment + n_segments, device=device)
         self._eval_segment += n_segments
         return (index % self.eval_restart_every == 0)[None, :]
 

@@ -337,7 +337,9 @@ def test_the_networks_flops_read_ramp_cap_and_trimming_from_its_config(span_kind
     )  # fmt: skip
     spans = [[10.0, 100.0], [0.0, 0.0]] if span_kind == "adaptive" else [[512.0] * 2] * 2
     ramp, trim = (32, span_trim) if span_kind == "adaptive" else (0, "layer")
-    expected = flops_per_token(16, 2, 32, 20, spans, ramp, 512, "trimmed", 8, trim)
+    expected = flops_per_token(
+        16, 2, 32, 20, spans, span_ramp=ramp, attn_span=512, attended="trimmed", block=8, trim=trim
+    )
     assert network_flops_per_token(config, 20, spans, block=8, attended="trimmed") == expected
     if span_kind == "fixed":  # S for every head: 3·d·S per layer, the re-projection of S states per block
         weights = 2 * (4 * 16**2 + 2 * 16 * 32) + 16 * 20
