@@ -10,6 +10,11 @@ It writes `<run dir>/token_nll.npz` (numpy's zip of arrays) after each evaluatio
 - `row_start` (int64, where the split is contiguous text of `LMDataModule`): the first token of the
   evaluation row that scored it, where that row's memory began (a target can recall nothing before
   it: `report` leaves out the answers bound earlier, as the logged recall accuracy does);
+- `segment_len` (int64 scalar) and `memory_start` (int64), with `row_start` when evaluation reads
+  segments without overlap: the row's segments of T targets (target o is scored by segment
+  (o − 1 − row_start) // T), and the first token of the segment from which the evaluation last
+  restarted the memory (`LMBase.evaluation_memory_start`: the row's start, or the start of the
+  Recurrent Memory Transformer's sample of K segments): `report`'s recall by segments back;
 - `correct` (bool, when the method returns it: every longctx method does): the target is the argmax
   of the model's full predicted distribution (recall accuracy by distance: `python -m longctx report`).
 
@@ -91,7 +96,11 @@ class TokenNLLWriter(pl.Callback):
         if (doc_offsets := split_documents(trainer, split)) is not None:
             arrays["document"] = np.searchsorted(doc_offsets, offset, side="right").astype(np.int64) - 1
         elif isinstance(datamodule := trainer.datamodule, LMDataModule):
-            arrays["row_start"] = datamodule.row_start(split, offset)
+            arrays["row_start"] = row_start = datamodule.row_start(split, offset)
+            if datamodule.eval_overlap == 0:  # segments of T targets: recall by segments back
+                segment_len = datamodule.eval_tgt_len
+                arrays["segment_len"] = np.int64(segment_len)
+                arrays["memory_start"] = pl_module.evaluation_memory_start(row_start, offset, segment_len)
         path = Path(trainer.default_root_dir) / self.filename
         with atomic_path(path) as tmp, tmp.open("wb") as f:
             np.savez(f, **arrays)

@@ -18,7 +18,8 @@ writes into `--out` (default `report/`):
   reach `--recall_stop.min_acc` (`steps_to_acc`; `>N`: not within its N steps) and the state size
   (numbers per layer carried across segments, `LMBase.state_size`);
 - with recall: `recall_by_distance.csv`/`.md` and `recall_vs_distance.png` (accuracy per distance
-  bin, from token_nll.npz `correct`), `recall_vs_state_size.png` (runs and sibling `context` runs;
+  bin, from token_nll.npz `correct`), `recall_by_segment.csv` (accuracy by segments back, where
+  token_nll.npz records the segments), `recall_vs_state_size.png` (runs and sibling `context` runs;
   `longctx.diagnostics.recall`);
 - `bpb_vs_flops.png`, `bpb_vs_memory.png`: bits per byte against FLOPs per token and against peak
   memory, one point per run: test, or validation (hollow, "(val)") for a run that was not tested
@@ -524,8 +525,8 @@ def write_recall_outputs(
     markdown = []
     if answers:
         table = recall.by_distance(answers, recall.distance_edges(answers))
-        write_text_atomic(out / "recall_by_distance.csv", recall.distance_csv(table))
-        write_text_atomic(out / "recall_by_distance.md", recall.distance_markdown(table))
+        write_text_atomic(out / "recall_by_distance.csv", recall.table_csv(table))
+        write_text_atomic(out / "recall_by_distance.md", recall.table_markdown(table))
         _save(recall.distance_figure(table, answers), out / "recall_vs_distance.png", paths)
         markdown += [
             "## Recall by distance\n",
@@ -533,9 +534,20 @@ def write_recall_outputs(
             "`correct` and the marks of the file it scored; an answer bound before the first token of "
             "its evaluation row (which starts with an empty memory) is out of every model's reach and "
             "left out, as the logged accuracy leaves it out:\n",
-            recall.distance_markdown(table),
+            recall.table_markdown(table),
             "![recall accuracy vs distance](recall_vs_distance.png)\n",
         ]
+        if segments := recall.by_segment(answers):
+            write_text_atomic(
+                out / "recall_by_segment.csv", recall.table_csv(segments, recall.SEGMENT_COLUMNS)
+            )
+            markdown += [
+                "## Recall by segments back\n",
+                "The same answers by the segments between the binding's and the answer's (0: the "
+                "answer's own segment, no memory needed; 1 and more: only a memory reaches it), and "
+                "whether the evaluation restarted the memory in between:\n",
+                recall.table_markdown(segments, recall.SEGMENT_COLUMNS),
+            ]
         if out_of_reach := [f"{a.run} {a.out_of_reach:,}" for a in answers if a.out_of_reach]:
             notes.append(f"- recall by distance: answers out of reach, left out: {', '.join(out_of_reach)}")
         if left := [run.name for run in runs if run.name not in {a.run for a in answers}]:

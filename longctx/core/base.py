@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, Self, TypeAlias
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
@@ -282,6 +283,17 @@ class LMBase(pl.LightningModule):
         zoology's "state size", so that different memories share one axis (Transformer-XL: its memory
         m·d); logged as `{val,test}/state_size`. None: not declared."""
         return None
+
+    def evaluation_memory_start(
+        self, row_start: np.ndarray, offset: np.ndarray, segment_len: int
+    ) -> np.ndarray:
+        """(M,) for each scored target `offset` of a contiguous split read in rows from `row_start`
+        (`longctx.data.streams.evaluation_row_start`), `segment_len` targets per step: the first token of
+        the segment from which this evaluation last restarted the memory. The row's first token, unless
+        the method restarts its memory within a row (the Recurrent Memory Transformer's samples of K
+        segments): an answer bound before it is one the evaluation made the memory forget, which
+        `report`'s recall by segments back shows apart (token_nll.npz `memory_start`)."""
+        return row_start
 
     def evaluation_elements(self, batch_size: int, length: int) -> int:
         """Elements (of the model's float dtype) of the tensors one evaluation step on `batch_size`

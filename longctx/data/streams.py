@@ -81,6 +81,13 @@ def evaluation_row_start(offset: np.ndarray, n_tokens: int, n_rows: int) -> np.n
     return (np.asarray(offset, dtype=np.int64) - 1) // per_row * per_row
 
 
+def evaluation_segment(offset: np.ndarray, row_start: np.ndarray, segment_len: int) -> np.ndarray:
+    """(M,) for each target `offset`, the index within its evaluation row (which begins at
+    `row_start`, `evaluation_row_start`) of the segment that scores it, the row read `segment_len`
+    targets per step with no overlap. Segment s reads tokens row_start + s·T ... row_start + (s+1)·T − 1."""
+    return (np.asarray(offset, dtype=np.int64) - 1 - row_start) // segment_len
+
+
 def document_rows(
     doc_offsets: np.ndarray, n_rows: int, seq_len: int, overlap: int, order: Sequence[int]
 ) -> list[list[tuple[int, int]]]:

@@ -6,6 +6,10 @@
   every run: `recall_by_distance.csv` / `.md` (answers and accuracy per bin, all answers and first
   queries) and `recall_vs_distance.png`, one line per run. A memory's reach is where its line
   falls to chance (1/K on first queries).
+- **By segments back**, where token_nll.npz records the evaluation's segments (`segment_len`,
+  `memory_start`): the same answers by the segments between binding and answer (0: the answer's own
+  segment; 1 and more: only a memory reaches it) and whether the evaluation restarted the memory in
+  between (the Recurrent Memory Transformer's samples of K): `recall_by_segment.csv`.
 - **By memory size**: recall against the numbers per layer a model carries across segments
   (`{stage}/state_size`, `LMBase.state_size`: zoology's "state size", one axis for every memory):
   one point per run (test, else validation) and one line per model of every `python -m longctx
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from longctx.data.streams import evaluation_segment
 from longctx.diagnostics.long_range import marks_for_run
 from longctx.runtime.run_layout import TOKEN_NLL
 
@@ -44,6 +49,10 @@ class RunAnswers:
     query: np.ndarray | None
     pairs: int | None
     out_of_reach: int = 0  # answers left out: bound before the first token of their evaluation row
+    # (A,) int: segments from the binding's to the answer's (0: the same segment), and (A,) bool: the
+    # evaluation restarted the memory in between; None without token_nll.npz `segment_len`
+    segments_back: np.ndarray | None = None
+    memory_restarted: np.ndarray | None = None
 
 
 def run_answers(run: str, run_dir: Path, config: dict[str, Any], subcommand: str | None) -> RunAnswers | None:
@@ -57,6 +66,8 @@ def run_answers(run: str, run_dir: Path, config: dict[str, Any], subcommand: str
             return None
         offset, correct = per_token["offset"], per_token["correct"]
         row_start = per_token["row_start"] if "row_start" in per_token.files else None
+        segment_len = int(per_token["segment_len"]) if "segment_len" in per_token.files else None
+        memory_start = per_token["memory_start"] if "memory_start" in per_token.files else row_start
     scored = np.isin(marks["offset"], offset)  # the TRAMS protocol leaves some targets out
     at = np.minimum(np.searchsorted(offset, marks["offset"]), len(offset) - 1)  # its index there, if scored
     out_of_reach = 0
@@ -67,6 +78,13 @@ def run_answers(run: str, run_dir: Path, config: dict[str, Any], subcommand: str
     where = at[scored]
     query = marks["query"][scored] if "query" in marks else None
     pairs = np.unique(marks["pairs"]) if "pairs" in marks else np.zeros(0)
+    segments_back = memory_restarted = None
+    if row_start is not None and segment_len is not None:
+        answer, bound = marks["offset"][scored], (marks["offset"] - marks["distance"])[scored]
+        start = row_start[where]
+        # the answer is scored by segment (answer − 1 − start) // T, its binding read by (bound − start) // T
+        segments_back = evaluation_segment(answer, start, segment_len) - (bound - start) // segment_len
+        memory_restarted = bound < memory_start[where]
     return RunAnswers(
         run,
         correct[where],
@@ -74,6 +92,8 @@ def run_answers(run: str, run_dir: Path, config: dict[str, Any], subcommand: str
         query,
         int(pairs[0]) if len(pairs) == 1 else None,
         out_of_reach,
+        segments_back,
+        memory_restarted,
     )
 
 
@@ -109,21 +129,50 @@ DISTANCE_COLUMNS = [
 ]  # fmt: skip
 
 
+def by_segment(answers: Sequence[RunAnswers]) -> list[dict[str, Any]]:
+    """One row per run, segments back (0: bound in the answer's own segment, where no memory is
+    needed; s: s segments earlier, only a memory reaches it) and whether the evaluation restarted the
+    memory in between (`memory_restarted`: yes only for methods that restart it within a row, e.g.
+    the Recurrent Memory Transformer's samples of K segments): its answers and accuracy, its first
+    queries and theirs. Runs without token_nll.npz `segment_len` have no rows."""
+    rows = []
+    for a in answers:
+        if a.segments_back is None or a.memory_restarted is None:
+            continue
+        for back in np.unique(a.segments_back).tolist():
+            for restarted in (False, True):
+                here = (a.segments_back == back) & (a.memory_restarted == restarted)
+                if not here.any():
+                    continue
+                first = here & (a.query == 0) if a.query is not None else np.zeros_like(here)
+                rows.append({
+                    "run": a.run, "segments_back": back, "memory_restarted": "yes" if restarted else "no",
+                    "answers": int(here.sum()), "recall_acc": _share(a.correct[here]),
+                    "first_answers": int(first.sum()), "recall_acc_first": _share(a.correct[first]),
+                })  # fmt: skip
+    return rows
+
+
+SEGMENT_COLUMNS = [
+    "run", "segments_back", "memory_restarted", "answers", "recall_acc", "first_answers", "recall_acc_first",
+]  # fmt: skip
+
+
 def _text(value: Any) -> str:
     if value is None:
         return "-"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def distance_csv(rows: Sequence[dict[str, Any]]) -> str:
-    lines = [",".join(DISTANCE_COLUMNS)]
-    lines += [",".join(_text(row[c]) for c in DISTANCE_COLUMNS) for row in rows]
+def table_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = DISTANCE_COLUMNS) -> str:
+    lines = [",".join(columns)]
+    lines += [",".join(_text(row[c]) for c in columns) for row in rows]
     return "\n".join(lines) + "\n"
 
 
-def distance_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(DISTANCE_COLUMNS) + " |", "|" + "---|" * len(DISTANCE_COLUMNS)]
-    lines += ["| " + " | ".join(_text(row[c]) for c in DISTANCE_COLUMNS) + " |" for row in rows]
+def table_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str] = DISTANCE_COLUMNS) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_text(row[c]) for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -530,3 +530,51 @@ def test_recall_by_distance_leaves_out_answers_bound_before_their_evaluation_row
     bound_before = marks["offset"] - marks["distance"] < (marks["offset"] - 1) // 500 * 500
     assert 0 < bound_before.sum() == answers.out_of_reach
     np.testing.assert_array_equal(answers.distance, marks["distance"][~bound_before])
+
+
+def test_recall_by_segments_back_counts_the_segments_and_the_memory_restarts_between(tmp_path):
+    """token_nll.npz `segment_len` and `memory_start`: each answer's segments back (the answer scored
+    by segment (o − 1 − row_start) // T, its binding read by (b − row_start) // T) and whether the
+    memory restarted in between (here samples of 2 segments, as RMT's `eval_restart_every: 2`);
+    report writes the table."""
+    from longctx.diagnostics import recall
+
+    marks, offset, files = small_mqar(tmp_path / "mqar")
+    T, K = 10, 2
+    row_start = (offset - 1) // 500 * 500
+    memory_start = row_start + (offset - 1 - row_start) // (K * T) * (K * T)
+    bound = marks["offset"] - marks["distance"]
+    at = np.searchsorted(offset, marks["offset"])
+    restarted = bound < memory_start[at]
+    correct = np.ones(offset.shape, bool)
+    correct[at[restarted]] = False  # what the restarted memory forgot
+    run_dir = tmp_path / "runs" / "rmt"
+    run_dir.mkdir(parents=True)
+    np.savez(run_dir / "token_nll.npz",
+             nll=np.ones(offset.shape, np.float32), offset=offset, correct=correct, row_start=row_start,
+             segment_len=np.int64(T), memory_start=memory_start)  # fmt: skip
+    config = {"data": {"corpus": "text_files", "files": files, "tokenizer": "words"}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    summary = {"status": "finished", "subcommand": "test", "metrics": {"test/loss": 2.0}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    answers = recall.run_answers("rmt", run_dir, config, "test")
+    in_row = bound >= row_start[at]
+    back = (marks["offset"] - 1) // T - bound // T  # rows of 500 = 50 segments: the same from 0
+    rows = recall.by_segment([answers])
+    assert sorted({row["segments_back"] for row in rows}) == sorted(set(back[in_row].tolist())) == [0, 1, 2]
+    for row in rows:
+        here = in_row & (back == row["segments_back"]) & (restarted == (row["memory_restarted"] == "yes"))
+        assert row["answers"] == here.sum() > 0
+        assert row["first_answers"] == (here & (marks["query"] == 0)).sum()
+        assert row["recall_acc"] == (0.0 if row["memory_restarted"] == "yes" else 1.0)
+    assert {(row["segments_back"], row["memory_restarted"]) for row in rows} >= {
+        (0, "no"),
+        (1, "no"),
+        (1, "yes"),
+    }
+    report_main([str(run_dir), "--out", str(tmp_path / "out")])
+    with (tmp_path / "out" / "recall_by_segment.csv").open() as f:
+        written = list(csv.DictReader(f))
+    assert [(int(r["segments_back"]), r["memory_restarted"], int(r["answers"])) for r in written] == [
+        (row["segments_back"], row["memory_restarted"], row["answers"]) for row in rows
+    ]

@@ -269,8 +269,10 @@ def test_words_text_is_scored_token_by_token_and_its_marks_give_the_recall(tmp_p
     with np.load(tmp_path / "token_nll.npz") as per_token:
         nll, offset, correct = per_token["nll"], per_token["offset"], per_token["correct"]
         row_start = per_token["row_start"]
+        segment_len, memory_start = int(per_token["segment_len"]), per_token["memory_start"]
     rows = [row[0] for row in contiguous_rows(len(offset) + 1, data.eval_batch_size, pad=True) if row]
     assert row_start.tolist() == [next(s for s, e in rows if s < o < e) for o in offset.tolist()]
+    assert segment_len == data.eval_tgt_len and np.array_equal(memory_start, row_start)  # XL: the row's
     text = (tmp_path / "mqar" / "valid.txt").read_text()
     np.testing.assert_array_equal(offset, np.arange(1, len(text.split()) + text.count("\n")))
     assert nll.astype(np.float64).sum() == pytest.approx(

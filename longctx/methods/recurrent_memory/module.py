@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
@@ -31,6 +32,7 @@ from torch import Tensor, nn
 from longctx.checkpoints.safe_unpickle import load_tensors_file
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.run_settings import eval_window
+from longctx.data.streams import evaluation_segment
 from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.recurrence.hf import (
     HF_CONFIG_KEY,
@@ -191,6 +193,17 @@ class RecurrentMemoryLM(LMBase):
         the recurrent GPT-2's h_prev (d) is read at its layer; 0 with `eval_memory: reset`."""
         carried = self.eval_memory == "carried"
         return self.memory_cell.num_mem_tokens * self.lm.config.hidden_size if carried else 0
+
+    def evaluation_memory_start(
+        self, row_start: np.ndarray, offset: np.ndarray, segment_len: int
+    ) -> np.ndarray:
+        """The first token of the target's sample of K segments (`eval_restart_every`), of its own
+        segment with `eval_memory: reset`, else of its row: where the memory was last the initial one."""
+        period = 1 if self.eval_memory == "reset" else self.eval_restart_every
+        if period is None:
+            return row_start
+        segment = evaluation_segment(offset, row_start, segment_len)
+        return row_start + segment // period * period * segment_len
 
     def evaluation_elements(self, batch_size: int, length: int) -> int:
         """A GPT-2 window of the segment and its 2m memory tokens (T + 2m positions through every
