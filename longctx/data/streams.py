@@ -88,6 +88,14 @@ def evaluation_segment(offset: np.ndarray, row_start: np.ndarray, segment_len: i
     return (np.asarray(offset, dtype=np.int64) - 1 - row_start) // segment_len
 
 
+def sample_start(offset: np.ndarray, row_start: np.ndarray, segment_len: int, every: int) -> np.ndarray:
+    """(M,) the first token of the sample of `every` segments of its row (samples from the row's
+    start) that scores each target `offset`: where an evaluation that restarts the memory every
+    `every` segments last restarted it (`LMBase.evaluation_memory_start`)."""
+    segment = evaluation_segment(offset, row_start, segment_len)
+    return row_start + segment // every * every * segment_len
+
+
 def document_rows(
     doc_offsets: np.ndarray, n_rows: int, seq_len: int, overlap: int, order: Sequence[int]
 ) -> list[list[tuple[int, int]]]:

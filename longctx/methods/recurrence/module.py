@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
@@ -38,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.run_settings import eval_window, first_set
+from longctx.data.streams import sample_start
 from longctx.diagnostics.axes import Variant
 from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
@@ -188,6 +190,14 @@ class RecurrentGPT2LM(LMBase):
         windowed baseline and with `eval_h_prev: reset`."""
         carried = self.recurrence is not None and self.eval_h_prev == "carried"
         return self.lm.config.hidden_size if carried else 0
+
+    def evaluation_memory_start(
+        self, row_start: np.ndarray, offset: np.ndarray, segment_len: int
+    ) -> np.ndarray:
+        """With `eval_h_prev: reset` h_prev restarts every window: the target's own window's start."""
+        if self.recurrence is not None and self.eval_h_prev == "reset":
+            return sample_start(offset, row_start, segment_len, every=1)
+        return row_start
 
     def evaluation_elements(self, batch_size: int, length: int) -> int:
         """A GPT-2 window read alone (the carried h_prev is one vector; `footprint`)."""

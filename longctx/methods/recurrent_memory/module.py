@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from longctx.checkpoints.safe_unpickle import load_tensors_file
 from longctx.core.base import LMBase, StepOutput
 from longctx.core.run_settings import eval_window
-from longctx.data.streams import evaluation_segment
+from longctx.data.streams import sample_start
 from longctx.diagnostics.footprint import feed_forward_elements, window_elements
 from longctx.methods.recurrence.hf import (
     HF_CONFIG_KEY,
@@ -199,11 +199,8 @@ class RecurrentMemoryLM(LMBase):
     ) -> np.ndarray:
         """The first token of the target's sample of K segments (`eval_restart_every`), of its own
         segment with `eval_memory: reset`, else of its row: where the memory was last the initial one."""
-        period = 1 if self.eval_memory == "reset" else self.eval_restart_every
-        if period is None:
-            return row_start
-        segment = evaluation_segment(offset, row_start, segment_len)
-        return row_start + segment // period * period * segment_len
+        every = 1 if self.eval_memory == "reset" else self.eval_restart_every
+        return row_start if every is None else sample_start(offset, row_start, segment_len, every)
 
     def evaluation_elements(self, batch_size: int, length: int) -> int:
         """A GPT-2 window of the segment and its 2m memory tokens (T + 2m positions through every

@@ -48,6 +48,7 @@ from longctx.methods.recurrence.network import (
 from tests.helpers.environment import REPO, shared_dir, skip_without_shared
 from tests.helpers.knob_checks import assert_same_weights, save_with_hparams
 from tests.helpers.lm_fixtures import NoTextFacts
+from tests.helpers.memory_checks import assert_losses_depend_on_windows_from_their_memory_start
 
 VOCAB, D, N_LAYER, N_HEAD, L_INS = 101, 32, 4, 4, 2
 TINY = {"n_layer": N_LAYER, "n_embd": D, "n_head": N_HEAD, "n_positions": 64}
@@ -361,6 +362,17 @@ def test_memory_across_batches_equals_one_long_batch_and_resets_apply_per_window
     torch.testing.assert_close(reset.nll[0, 2], fresh.nll[0, 0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(reset.nll[1], whole.nll[1])
     assert not torch.allclose(whole.nll[0, 2], fresh.nll[0, 0])
+
+
+@pytest.mark.parametrize(("eval_h_prev", "begins"), [("carried", [0] * 4), ("reset", [0, 1, 2, 3])])
+def test_the_memory_start_is_the_rows_start_or_with_h_prev_reset_the_windows_own(eval_h_prev, begins):
+    """token_nll.npz `memory_start` (`evaluation_memory_start`): h_prev carries every earlier window of
+    the row into a window's loss, and none with `eval_h_prev: reset`."""
+    model = module(eval_h_prev=eval_h_prev)
+    assert (
+        assert_losses_depend_on_windows_from_their_memory_start(model, window_batch(n_windows=4), VOCAB)
+        == begins
+    )
 
 
 def test_reset_rows_starts_those_rows_a_document_at_the_next_batch():

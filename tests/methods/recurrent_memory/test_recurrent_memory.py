@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,6 +37,7 @@ from longctx.methods.recurrent_memory.module import RecurrentMemoryLM
 from longctx.methods.recurrent_memory.network import MemoryCell
 from tests.helpers.environment import REPO
 from tests.helpers.knob_checks import assert_same_weights
+from tests.helpers.memory_checks import assert_losses_depend_on_windows_from_their_memory_start
 
 VOCAB, D, N_LAYER = 50, 32, 2
 GPT2 = {"n_layer": N_LAYER, "n_embd": D, "n_head": 4, "n_positions": 40}
@@ -272,32 +272,19 @@ def test_restarting_every_k_segments_evaluates_samples_of_k_segments_from_the_in
     assert not torch.equal(carried[:, 2:], whole[:, 2:])  # the restarts change what the memory holds
 
 
-@pytest.mark.parametrize("knobs", [{"eval_restart_every": 2}, {"eval_memory": "reset"}, {}])
-def test_the_memory_start_is_where_the_evaluation_last_restarted_the_memory(knobs):
+@pytest.mark.parametrize(
+    ("knobs", "begins"),
+    [({"eval_restart_every": 2}, [0, 0, 2, 2, 4, 4]), ({"eval_memory": "reset"}, [0, 1, 2, 3, 4, 5]),
+     ({}, [0] * 6)],
+)  # fmt: skip
+def test_the_memory_start_is_where_the_evaluation_last_restarted_the_memory(knobs, begins):
     """token_nll.npz `memory_start` (`evaluation_memory_start`, what `report`'s recall by segments
-    back reads): a target's loss depends on no token before it (samples of 2 segments, each segment
-    alone, the row's start) and does depend on the segments between it and the target's own."""
-    model, batch = rmt(**knobs).eval(), windows(n_windows=6)
-    T = batch["input"].shape[-1]
-    offset = np.arange(1, 6 * T + 1)  # one row from token 0: window w scores targets w·T + 1 ... (w + 1)·T
-    start = model.evaluation_memory_start(np.zeros_like(offset), offset, T)
-
-    def nll_with_changed_windows(windows_: slice) -> torch.Tensor:
-        changed = dict(batch, input=batch["input"].clone())
-        changed["input"][:, windows_] = (changed["input"][:, windows_] + 1) % VOCAB
-        return model.step(changed, None).nll
-
-    expected = {"eval_restart_every": [0, 0, 2, 2, 4, 4], "eval_memory": [0, 1, 2, 3, 4, 5]}
-    begins = [int(start[w * T]) // T for w in range(6)]
-    assert begins == expected.get(next(iter(knobs), ""), [0] * 6)
-    with torch.no_grad():
-        unchanged = model.step(batch, None).nll
-        for w, s in enumerate(begins):
-            assert (start[w * T : (w + 1) * T] == s * T).all()
-            if s > 0:
-                assert torch.equal(nll_with_changed_windows(slice(0, s))[:, w], unchanged[:, w])
-            if s < w:
-                assert not torch.equal(nll_with_changed_windows(slice(s, w))[:, w], unchanged[:, w])
+    back reads): samples of 2 segments, each segment alone, the row's start; a target's loss depends
+    on no token before it and on the segments between it and the target's own."""
+    model = rmt(**knobs).eval()
+    assert (
+        assert_losses_depend_on_windows_from_their_memory_start(model, windows(n_windows=6), VOCAB) == begins
+    )
 
 
 def test_the_state_size_is_the_memory_a_row_carries_to_its_next_segment():
