@@ -17,6 +17,9 @@ writes into `--out` (default `report/`):
   `test_recall_acc_first`, `val_recall_acc_first`: `longctx.core.recall`), the steps the fit took to
   reach `--recall_stop.min_acc` (`steps_to_acc`; `>N`: not within its N steps) and the state size
   (numbers per layer carried across segments, `LMBase.state_size`);
+- `seeds.csv` and report.md's "Over seeds": the median (min-max) of each result over runs that
+  differ only in their seed (names `<run>_seed<N>`, configs equal beyond seed and naming;
+  `longctx.diagnostics.seeds`);
 - with recall: `recall_by_distance.csv`/`.md` and `recall_vs_distance.png` (accuracy per distance
   bin, from token_nll.npz `correct`), `recall_by_segment.csv` (accuracy by segments back, where
   token_nll.npz records the segments), `recall_vs_state_size.png` (runs and sibling `context` runs;
@@ -61,7 +64,7 @@ from matplotlib.lines import Line2D
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from longctx.diagnostics import recall
+from longctx.diagnostics import recall, seeds
 from longctx.diagnostics.long_range import marked_losses, recl
 from longctx.methods import registry
 from longctx.runtime.atomic import atomic_path, unwritable_ancestor, write_text_atomic
@@ -489,6 +492,7 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
         if left_out:
             notes.append(_left_out_note(FIGURES[name], left_out))
     recall_markdown = write_recall_outputs(runs, out, paths, notes)
+    seeds_markdown = write_seed_outputs(runs, rows, out, notes)
     memory_kinds = sorted(
         {run.summary["peak_memory_kind"] for run in runs if run.summary.get("peak_memory_kind")}
     )
@@ -503,12 +507,34 @@ def write_report(run_dirs: Sequence[Path], out: Path) -> tuple[list[dict[str, An
         "non-finite results. Figures: test bits per byte, or validation (hollow, `(val)`) for a run "
         "that was not tested; each point is numbered by its row in this table.\n",
         *[f"![{title}]({name})\n" for name, title in FIGURES.items()],
+        *seeds_markdown,
         *recall_markdown,
         *(["\n".join(notes) + "\n"] if notes else []),
     ]
     write_text_atomic(out / "report.md", "\n".join(markdown))
     write_text_atomic(out / "report.csv", to_csv(rows))
     return rows, paths
+
+
+def write_seed_outputs(
+    runs: Sequence[Run], rows: Sequence[dict[str, Any]], out: Path, notes: list[str]
+) -> list[str]:
+    """`seeds.csv` and report.md's "Over seeds" table: the median and range of every result over the
+    runs that differ only in their seed (`longctx.diagnostics.seeds`); nothing when no runs do."""
+    groups, group_notes = seeds.seed_groups([(run.name, run.config) for run in runs])
+    notes += group_notes
+    if not groups:
+        return []
+    by_run = {row["run"]: row for row in rows}
+    columns = [c for c in RESULT_COLUMNS if any(by_run[n][c] is not None for g in groups.values() for n in g)]
+    table_ = seeds.seed_rows(groups, by_run, columns)
+    write_text_atomic(out / "seeds.csv", seeds.to_csv(table_, columns))
+    return [
+        "## Over seeds\n",
+        "Runs whose names differ only in `_seed<N>` and whose configs agree beyond the seed and the "
+        "run's naming: the median (min-max) of each result over the finished ones:\n",
+        seeds.markdown(table_, columns, lambda value: f"{value:.4g}"),
+    ]
 
 
 def write_recall_outputs(

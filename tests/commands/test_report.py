@@ -578,3 +578,35 @@ def test_recall_by_segments_back_counts_the_segments_and_the_memory_restarts_bet
     assert [(int(r["segments_back"]), r["memory_restarted"], int(r["answers"])) for r in written] == [
         (row["segments_back"], row["memory_restarted"], row["answers"]) for row in rows
     ]
+
+
+def test_seeds_of_one_recipe_are_one_row_of_medians_and_ranges(tmp_path):
+    """Runs named `xl`, `xl_seed2`, `xl_seed3` with one config but the seed and their own naming: one
+    row, the median and range of the finished ones (a diverged seed is counted, not averaged); runs
+    whose configs differ beyond the seed, or that share a seed, are not merged and a note says why."""
+
+    def config(name: str, seed: int, lr: float = 0.01) -> dict:
+        return {"seed_everything": seed, "run_name": f"sweep/{name}", "ckpt_path": f"runs/{name}/last.ckpt",
+                "trainer": {"default_root_dir": f"runs/sweep/{name}", "logger": {"id": f"sweep-{name}"}},
+                "model": {"lr": lr}}  # fmt: skip
+
+    bpbs = {"xl": 1.5, "xl_seed2": 1.2, "xl_seed3": 1.4}
+    for seed, (name, bpb) in enumerate(bpbs.items(), start=1):
+        _write_run(tmp_path, name, _finished(bpb), config(name, seed))
+    _write_run(
+        tmp_path, "xl_seed4", {"status": "diverged", "metrics": {"test/bpb": 0.1}}, config("xl_seed4", 4)
+    )
+    _write_run(tmp_path, "rpe", _finished(2.0), config("rpe", 1))
+    _write_run(tmp_path, "rpe_seed2", _finished(2.2), config("rpe_seed2", 2, lr=0.003))
+    _write_run(tmp_path, "gpt2", _finished(2.0), config("gpt2", 1))
+    _write_run(tmp_path, "gpt2_seed1", _finished(2.1), config("gpt2_seed1", 1))
+    names = [*bpbs, "xl_seed4", "rpe", "rpe_seed2", "gpt2", "gpt2_seed1"]
+    report_main([*(str(tmp_path / n) for n in names), "--out", str(tmp_path / "out")])
+    with (tmp_path / "out" / "seeds.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert (row["group"], row["runs"], row["finished"]) == ("xl", "4", "3")
+    assert [float(row[k]) for k in ("test_bpb", "test_bpb_min", "test_bpb_max")] == [1.4, 1.2, 1.5]
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| xl | 4 | 3 | 1.4 (1.2-1.5) |" in text
+    assert "not merged (rpe, rpe_seed2): their configs differ beyond the seed" in text
+    assert "not merged (gpt2, gpt2_seed1): two runs share a seed" in text
