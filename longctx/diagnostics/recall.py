@@ -33,6 +33,7 @@ from matplotlib.figure import Figure
 
 from longctx.data.streams import evaluation_segment
 from longctx.diagnostics.long_range import marks_for_run
+from longctx.diagnostics.seeds import SEED_PART
 from longctx.runtime.run_layout import TOKEN_NLL
 
 N_BINS = 8  # distance bins of the table and figure (fewer when there are fewer distinct distances)
@@ -223,20 +224,24 @@ def context_points(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 def state_size_figure(run_points: Sequence[dict[str, Any]], context: Sequence[dict[str, Any]]) -> Figure:
-    """Recall against state size (numbers per layer): the runs as labelled points, each context
-    model as a line through its memory lengths."""
+    """Recall against state size (numbers per layer): the runs as labelled points (the seeds of a
+    run, `<run>_seed<N>`, one label at their first point), each context model as a line through its
+    memory lengths."""
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
+    labelled = set()
     for point in run_points:
         ax.scatter(point["state_size"], point["recall"], color="C0")
-        ax.annotate(point["run"], (point["state_size"], point["recall"]), textcoords="offset points",
-                    xytext=(4, 4), fontsize=8)  # fmt: skip
+        if (label := SEED_PART.sub("", point["run"])) not in labelled:
+            labelled.add(label)
+            ax.annotate(label, (point["state_size"], point["recall"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)  # fmt: skip
     for n, model in enumerate(dict.fromkeys(p["model"] for p in context)):
         line = sorted((p["state_size"], p["recall"]) for p in context if p["model"] == model)
         axis = next(p["axis"] for p in context if p["model"] == model)
         ax.plot(*zip(*line), marker="o", color=f"C{(n + 1) % 10}", label=f"{model} ({axis})")
     ax.set_xlabel("state size (numbers per layer carried across segments)")
-    ax.set_ylabel("recall accuracy (first queries; all answers without queries)")
+    ax.set_ylabel("recall accuracy\n(first queries; all answers without queries)")
     ax.set_ylim(-0.02, 1.02)
     if context:
         ax.legend(fontsize=7)
