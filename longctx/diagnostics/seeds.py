@@ -60,11 +60,11 @@ def seed_groups(runs: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, l
 
 
 def spread(values: Sequence[float | None]) -> dict[str, Any]:
-    """n, median, min and max of the recorded values (None where none is)."""
+    """Median, min and max of the recorded values (None where none is)."""
     found = [v for v in values if v is not None]
     if not found:
-        return {"n": 0, "median": None, "min": None, "max": None}
-    return {"n": len(found), "median": statistics.median(found), "min": min(found), "max": max(found)}
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(found), "min": min(found), "max": max(found)}
 
 
 def seed_rows(
