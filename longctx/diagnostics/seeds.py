@@ -70,13 +70,13 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
 def seed_rows(
     groups: dict[str, list[str]], rows: dict[str, dict[str, Any]], columns: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """One row per group: `group`, `runs`, `finished` and, per result column, `<column>` (the median),
-    `<column>_min` and `<column>_max` over its finished runs (a diverged or unfinished seed is counted
-    in `runs`, never silently in a median)."""
+    """One row per group: `group`, `seeds` (its runs), `finished` and, per result column, `<column>`
+    (the median), `<column>_min` and `<column>_max` over its finished runs (a diverged or unfinished
+    seed is counted in `seeds`, never silently in a median)."""
     table = []
     for group, names in groups.items():
         done = [name for name in names if rows[name].get("status") == "finished"]
-        row: dict[str, Any] = {"group": group, "runs": len(names), "finished": len(done)}
+        row: dict[str, Any] = {"group": group, "seeds": len(names), "finished": len(done)}
         for column in columns:
             s = spread([rows[name].get(column) for name in done])
             row.update({column: s["median"], f"{column}_min": s["min"], f"{column}_max": s["max"]})
@@ -86,18 +86,18 @@ def seed_rows(
 
 def markdown(table: Sequence[dict[str, Any]], columns: Sequence[str], show: Callable[[float], str]) -> str:
     """`median (min-max)` per column; a dash where no run of the group recorded it."""
-    lines = ["| group | runs | finished | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 3)]
+    lines = ["| group | seeds | finished | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 3)]
     for row in table:
         cells = [
             "-" if row[c] is None else f"{show(row[c])} ({show(row[c + '_min'])}-{show(row[c + '_max'])})"
             for c in columns
         ]
-        lines.append(f"| {row['group']} | {row['runs']} | {row['finished']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row['group']} | {row['seeds']} | {row['finished']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def to_csv(table: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    header = ["group", "runs", "finished"] + [f"{c}{part}" for c in columns for part in ("", "_min", "_max")]
+    header = ["group", "seeds", "finished"] + [f"{c}{part}" for c in columns for part in ("", "_min", "_max")]
     lines = [",".join(header)]
     lines += [",".join("" if row[h] is None else str(row[h]) for h in header) for row in table]
     return "\n".join(lines) + "\n"

@@ -604,7 +604,7 @@ def test_seeds_of_one_recipe_are_one_row_of_medians_and_ranges(tmp_path):
     report_main([*(str(tmp_path / n) for n in names), "--out", str(tmp_path / "out")])
     with (tmp_path / "out" / "seeds.csv").open() as f:
         (row,) = list(csv.DictReader(f))
-    assert (row["group"], row["runs"], row["finished"]) == ("xl", "4", "3")
+    assert (row["group"], row["seeds"], row["finished"]) == ("xl", "4", "3")
     assert [float(row[k]) for k in ("test_bpb", "test_bpb_min", "test_bpb_max")] == [1.4, 1.2, 1.5]
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| xl | 4 | 3 | 1.4 (1.2-1.5) |" in text
