@@ -109,19 +109,23 @@ def _share(hits: np.ndarray) -> float | None:
     return float(hits.mean()) if hits.size else None
 
 
+def _scores(a: RunAnswers, here: np.ndarray) -> dict[str, Any]:
+    """The answers selected by `here` (A,) bool, their accuracy, their first queries and theirs."""
+    first = here & (a.query == 0) if a.query is not None else np.zeros_like(here)
+    return {
+        "answers": int(here.sum()), "recall_acc": _share(a.correct[here]),
+        "first_answers": int(first.sum()), "recall_acc_first": _share(a.correct[first]),
+    }  # fmt: skip
+
+
 def by_distance(answers: Sequence[RunAnswers], edges: np.ndarray) -> list[dict[str, Any]]:
     """One row per run and bin: the bin, its answers and accuracy, its first queries and theirs."""
     rows = []
     for a in answers:
         bins = np.searchsorted(edges, a.distance, side="right") - 1
         for i in range(len(edges) - 1):
-            here = bins == i
-            first = here & (a.query == 0) if a.query is not None else np.zeros_like(here)
-            rows.append({
-                "run": a.run, "distance_from": int(edges[i]), "distance_to": int(edges[i + 1] - 1),
-                "answers": int(here.sum()), "recall_acc": _share(a.correct[here]),
-                "first_answers": int(first.sum()), "recall_acc_first": _share(a.correct[first]),
-            })  # fmt: skip
+            row = {"run": a.run, "distance_from": int(edges[i]), "distance_to": int(edges[i + 1] - 1)}
+            rows.append(row | _scores(a, bins == i))
     return rows
 
 
@@ -143,14 +147,13 @@ def by_segment(answers: Sequence[RunAnswers]) -> list[dict[str, Any]]:
         for back in np.unique(a.segments_back).tolist():
             for restarted in (False, True):
                 here = (a.segments_back == back) & (a.memory_restarted == restarted)
-                if not here.any():
-                    continue
-                first = here & (a.query == 0) if a.query is not None else np.zeros_like(here)
-                rows.append({
-                    "run": a.run, "segments_back": back, "memory_restarted": "yes" if restarted else "no",
-                    "answers": int(here.sum()), "recall_acc": _share(a.correct[here]),
-                    "first_answers": int(first.sum()), "recall_acc_first": _share(a.correct[first]),
-                })  # fmt: skip
+                if here.any():
+                    row = {
+                        "run": a.run,
+                        "segments_back": back,
+                        "memory_restarted": "yes" if restarted else "no",
+                    }
+                    rows.append(row | _scores(a, here))
     return rows
 
 
