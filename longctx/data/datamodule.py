@@ -33,9 +33,11 @@ from longctx.data.cache import (
     vocab_size_of,
 )
 from longctx.data.corpora import get_corpus
+from longctx.data.induction import induction_marks
 from longctx.data.streams import SegmentStream, Wrap, evaluation_row_start
 from longctx.data.synth import load_marks, marks_path
 from longctx.data.text_files import TextFileError, check_split_tokens, check_text_files
+from longctx.data.tokenize import EOS
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,12 @@ class LMDataModule(pl.LightningDataModule):
             MQAR's answers, as zoology trains associative recall (Arora et al. 2023, §3: the loss on
             the query answers alone; every other token is unpredictable filler or a fresh key). The
             evaluation still scores every target (`val/loss`); recall is read from `*/recall_acc*`.
+            `induction`: only the targets that complete a pair of words seen at most
+            `induction_window` tokens before (`longctx.data.induction`): the answers of any
+            associative-recall text, read off the text itself, so a text another generator wrote
+            (no sidecar) trains as `marked` does; its evaluation splits are marked by the same rule
+            where they have no sidecar. `tokenizer: words` only.
+        induction_window: `train_targets: induction`'s reach, in tokens (answer minus bound value).
     """
 
     def __init__(
@@ -119,7 +127,8 @@ class LMDataModule(pl.LightningDataModule):
         mirror: str | None = None,
         vocab_file: str | None = None,
         files: Mapping[str, str] | None = None,
-        train_targets: Literal["all", "marked"] = "all",
+        train_targets: Literal["all", "marked", "induction"] = "all",
+        induction_window: int = 256,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -142,8 +151,14 @@ class LMDataModule(pl.LightningDataModule):
                 "data.tokenizer: words reads your own files (corpus text_files) as whitespace-separated "
                 f"words; {corpus} has its own tokenizer: drop the option (word level: corpus wikitext103)"
             )
-        if train_targets not in ("all", "marked"):
-            raise ValueError(f"data.train_targets must be all or marked, got {train_targets!r}")
+        if train_targets not in ("all", "marked", "induction"):
+            raise ValueError(f"data.train_targets must be all, marked or induction, got {train_targets!r}")
+        if train_targets == "induction" and not (self.info.user_files and tokenizer == WORDS_TOKENIZER):
+            raise ValueError(
+                "data.train_targets: induction marks repeated pairs of words: it reads corpus text_files "
+                f"with data.tokenizer: words (got corpus {corpus}, tokenizer {tokenizer})"
+            )
+        check_positive(induction_window=induction_window)
         if train_targets == "marked" and not self.info.user_files:
             raise ValueError(
                 "data.train_targets: marked trains on the targets a marks sidecar names (corpus text_files "
@@ -276,7 +291,7 @@ class LMDataModule(pl.LightningDataModule):
             self._corpus = corpus
             if self.info.user_files:
                 self._marks = {split: self._reachable_marks(split) for split in ("valid", "test")}
-            if self.train_targets == "marked":
+            if self.train_targets != "all":
                 self._train_scored = self._marked_targets("train")
             for split, rate in self.out_of_vocabulary().items():
                 if rate["oov_tokens"]:
@@ -289,14 +304,22 @@ class LMDataModule(pl.LightningDataModule):
     def target_marks(self, split: str) -> TargetMarks | None:
         """The marked targets of an evaluation split ("valid" or "test"): `text_files` whose file has a
         marks sidecar (`<stem>.marks.npz` beside it, `python -m longctx.data synth`) in this run's token
-        unit; else None. Read and checked at `setup`."""
+        unit, or with `data.train_targets: induction` its answers by that rule; else None. Read and checked
+        at `setup`."""
         return self._marks.get(split)
 
     def _marked_targets(self, split: str) -> np.ndarray:
-        """(n_tokens,) bool: True at the split's marked targets (`data.train_targets: marked`)."""
-        marks = self._load_marks(split)
+        """(n_tokens,) bool: True at the split's marked targets (`data.train_targets`: the sidecar's
+        with `marked`, the rule's with `induction`)."""
+        marks = self._induction_marks(split) if self.train_targets == "induction" else self._load_marks(split)
+        file = self.spec.user_files()[split]
+        if self.train_targets == "induction" and not marks.offset.size:
+            raise TextFileError(
+                f"data.train_targets: induction found no target of {file} that completes a pair of words "
+                f"seen at most {self.hparams.induction_window} tokens before: it holds no recall to train "
+                "on; raise data.induction_window, or set data.train_targets: all"
+            )
         if marks is None or not marks.offset.size:
-            file = self.spec.user_files()[split]
             raise TextFileError(
                 f"data.train_targets: marked needs marks for {file} in tokenizer {self.spec.tokenizer} "
                 f"({marks_path(file).name} beside it, written by `python -m longctx.data synth`); write "
@@ -312,7 +335,7 @@ class LMDataModule(pl.LightningDataModule):
         file = self.spec.user_files()[split]
         path = marks_path(file)
         if not path.is_file():
-            return None
+            return self._induction_marks(split) if self.train_targets == "induction" else None
         marks = load_marks(path.parent, file.stem)
         unit = str(marks.get("tokenizer", BYTES_TOKENIZER))  # sidecars without the key are bytes
         if unit != self.spec.tokenizer:
@@ -336,6 +359,25 @@ class LMDataModule(pl.LightningDataModule):
         order = np.argsort(offset, kind="stable")
         in_order = lambda values: None if values is None else values.astype(np.int64)[order]  # noqa: E731
         return TargetMarks(offset[order], in_order(query), in_order(distance))
+
+    def _induction_marks(self, split: str) -> TargetMarks:
+        """The split's answers by `longctx.data.induction`'s rule, with one line saying how many."""
+        tokens = self.corpus.split(split).tokens
+        marks = induction_marks(np.asarray(tokens), self.hparams.induction_window, self._eos_id())
+        rank_zero_info(
+            f"longctx: {self.info.name} {split} split: {len(marks.offset):,} of {len(tokens):,} targets "
+            f"complete a pair of words seen at most {self.hparams.induction_window} tokens before "
+            "(data.train_targets: induction)"
+        )
+        return marks
+
+    def _eos_id(self) -> int | None:
+        """The id of `<eos>` (the line end the `words` tokenizer appends) in this run's vocabulary."""
+        vocabulary = self.corpus.path / "vocab.txt"
+        if not vocabulary.is_file():
+            return None
+        symbols = vocabulary.read_text(encoding="utf-8").split("\n")
+        return symbols.index(EOS) if EOS in symbols else None
 
     def _reachable_marks(self, split: str) -> TargetMarks | None:
         """The split's marks an evaluation can count as recall: an answer bound before the first token
