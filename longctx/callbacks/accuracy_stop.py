@@ -8,7 +8,8 @@ wastes the time of every run that learned early. zoology stops at 0.99 validatio
 
 - after every validation during `fit` (not the sanity check), the monitored metric (default
   `val/recall_acc_first`: each episode's first query, which elimination cannot fake; see
-  `longctx.core.recall`) is read; the first time it is >= `min_acc`, the step is recorded and the
+  `longctx.core.recall`; answers without a query order are watched all together, `val/recall_acc`)
+  is read; the first time it is >= `min_acc`, the step is recorded and the
   fit stops (`trainer.max_steps` stays the budget: a run that never reaches it ends there);
 - `summary.json` gets `recall_stop`: `monitor`, `min_acc`, `reached_step` (the global step of the
   first validation at or above the threshold, null if none within the budget), `reached_value`,
@@ -59,12 +60,19 @@ class StopAtAccuracy(pl.Callback):
             return
         datamodule = getattr(trainer, "datamodule", None)
         marks = None if datamodule is None else datamodule.target_marks(EVAL_SPLITS["val"])
-        if marks is None or (self.monitor == "val/recall_acc_first" and marks.query is None):
-            what = "marks" if marks is None else "marks with query indices (synth mqar)"
+        if marks is None:
             raise DataMismatch(
                 f"recall_stop.min_acc {self.min_acc} watches {self.monitor}, but the validation split has "
-                f"no {what}: validate on a file with its .marks.npz beside it (python -m longctx.data synth "
-                "mqar), or set recall_stop.monitor val/recall_acc, or drop recall_stop.min_acc"
+                "no marks: validate on a file with its .marks.npz beside it (python -m longctx.data synth "
+                "mqar), or train with data.train_targets: induction, or drop recall_stop.min_acc"
+            )
+        if self.monitor == "val/recall_acc_first" and marks.query is None:
+            # Answers not ordered into episodes (the copy task; a recall text not written one episode
+            # per line): every answer counts, a stricter rule at 0.99 than the first queries'.
+            self.monitor = "val/recall_acc"
+            rank_zero_info(
+                "longctx: the validation split's answers have no query order (no episodes): "
+                f"recall_stop watches val/recall_acc (every answer) >= {self.min_acc}"
             )
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

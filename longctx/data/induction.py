@@ -13,7 +13,9 @@ written by another generator than `python -m longctx.data synth`) still has its 
 its `distance` t - s to the nearest such s (as `synth` counts: the answer's offset minus the bound
 value's), and its `query` the order of the mark within its line (`synth` writes one episode per
 line; the `words` tokenizer ends each line with `<eos>`). Pairs with `<eos>` in them are line ends, not
-bindings, and are never marked.
+bindings, and are never marked. A text whose lines are not episodes (a line with more than
+`MAX_QUERIES_PER_LINE` answers, e.g. a whole file on one line) gets no query order: its "first
+query" would be one answer per file.
 
 On `synth mqar` text the rule finds the sidecar's answers and a few chance repeats besides (a filler
 pair seen again within the window): `tests/unit/test_induction.py` counts them.
@@ -25,13 +27,15 @@ import numpy as np
 
 from longctx.core.recall import TargetMarks
 
+MAX_QUERIES_PER_LINE = 256  # more answers in one line than a recall episode asks: lines are not episodes
+
 
 def induction_marks(tokens: np.ndarray, window: int, eos_id: int | None = None) -> TargetMarks:
     """The targets of `tokens` (n,) that complete a pair seen at most `window` tokens before.
 
     Returns TargetMarks: `offset` (sorted target indices), `distance` (t - s, the nearest earlier
     occurrence), and `query` (index of the mark within its line, counted from `<eos>` to `<eos>`) when
-    `eos_id` is given, else None.
+    `eos_id` is given and the lines are episodes, else None.
     """
     if window < 1:
         raise ValueError(f"data.induction_window must be a positive number of tokens, got {window}")
@@ -57,4 +61,7 @@ def induction_marks(tokens: np.ndarray, window: int, eos_id: int | None = None) 
     line = np.cumsum(tokens == eos_id)[offset - 1]  # lines ended before each mark's target
     first_of_line = np.r_[True, line[1:] != line[:-1]]
     start = np.maximum.accumulate(np.where(first_of_line, np.arange(len(offset)), 0))
-    return TargetMarks(offset, np.arange(len(offset), dtype=np.int64) - start, distance)
+    query = np.arange(len(offset), dtype=np.int64) - start
+    if query.size and query.max() >= MAX_QUERIES_PER_LINE:
+        return TargetMarks(offset, None, distance)
+    return TargetMarks(offset, query, distance)

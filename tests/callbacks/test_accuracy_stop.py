@@ -32,13 +32,15 @@ class LearnsAtStepLM(LMBase):
         return StepOutput(nll=nll, correct=correct)
 
 
-def fit(tmp_path, learned_at: int, max_steps: int = 20, **stop) -> tuple[StopAtAccuracy, int]:
+def fit(
+    tmp_path, learned_at: int, max_steps: int = 20, marks: TargetMarks = MARKS, **stop
+) -> tuple[StopAtAccuracy, int]:
     """Validate every 3 steps; returns the callback and the step the fit ended at."""
     callback = StopAtAccuracy(**stop)
     trainer = cpu_trainer(
         tmp_path, max_steps=max_steps, val_check_interval=3, callbacks=[callback], num_sanity_val_steps=0
     )
-    data = SyntheticData(n_tokens=2001, batch_size=2, eval_batch_size=4, marks=MARKS)
+    data = SyntheticData(n_tokens=2001, batch_size=2, eval_batch_size=4, marks=marks)
     trainer.fit(LearnsAtStepLM(learned_at), datamodule=data)
     return callback, trainer.global_step
 
@@ -67,6 +69,14 @@ def test_a_threshold_not_reached_runs_the_budget_and_says_so(tmp_path):
 def test_no_threshold_never_stops_nor_records(tmp_path):
     callback, ended = fit(tmp_path, learned_at=0, max_steps=12)
     assert ended == 12 and callback.summary_fields() == {}
+
+
+def test_answers_without_query_order_are_watched_all_together(tmp_path):
+    """Marks without episodes (the copy task; a recall text not written one episode per line): the
+    first query means nothing, so the rule watches every answer (stricter at 0.99)."""
+    callback, ended = fit(tmp_path, learned_at=7, min_acc=0.99, marks=TargetMarks(MARKS.offset))
+    assert ended == callback.reached_step == 9
+    assert callback.summary_fields()["recall_stop"]["monitor"] == "val/recall_acc"
 
 
 def test_a_threshold_on_text_without_marks_is_refused_before_any_step(tmp_path):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from longctx.data.datamodule import LMDataModule
-from longctx.data.induction import induction_marks
+from longctx.data.induction import MAX_QUERIES_PER_LINE, induction_marks
 from longctx.data.mqar import MQARSettings, generate
 from longctx.data.synth import load_marks
 from longctx.data.text_files import TextFileError
@@ -48,6 +48,16 @@ def test_the_rule_equals_a_scan_of_every_earlier_pair(seed):
         assert marks.offset.tolist() == offsets and marks.distance.tolist() == distances
         assert marks.query.tolist() == queries
     assert induction_marks(tokens, 7).query is None  # without line ends: no query order
+
+
+def test_lines_that_are_not_episodes_give_no_query_order():
+    """A whole recall text on one line: its "first query" would be one answer per file."""
+    episode = [1, 2, 3, 4, 1, 2, 3, 4]  # two bindings asked again: answers 2, 3 (a repeated pair) and 4
+    one_line = np.array(episode * 200 + [0])
+    assert len(induction_marks(one_line, 4, eos_id=0).offset) > MAX_QUERIES_PER_LINE
+    assert induction_marks(one_line, 4, eos_id=0).query is None
+    lines = np.array([*episode, 0] * 200)
+    assert set(induction_marks(lines, 4, eos_id=0).query.tolist()) == {0, 1, 2}
 
 
 def tokens_of(text: str) -> np.ndarray:
