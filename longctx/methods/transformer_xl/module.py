@@ -97,6 +97,11 @@ class TransformerXLLM(LMBase):
             k`), read in order with the memory carried with its gradient and detached at the batch's
             end (truncated BPTT over k segments, `LMBase`); 1: the paper's stop-gradient on the
             memory at every segment.
+        mem_warmup_steps: train with memory 0 (as Transformer+RPE) for the first N optimizer steps,
+            then with `mem_len`: a memory-length curriculum, not in the paper (0: off). Attention
+            that starts spread over a long memory learns a sharp match later; without the memory the
+            same heads first learn what lies within the segment, then read the memory with it
+            (docs/long_range.md "Recall": the recipe's seeds).
         vocab_size, optimizer, lr_scheduler: see `LMBase` (paper: Adam 2.5e-4, cosine, no warm-up).
     """
 
@@ -117,6 +122,7 @@ class TransformerXLLM(LMBase):
         trams: TramsSettings | None = None,
         log_attention_mass: bool = False,
         tbptt_segments: int = 1,
+        mem_warmup_steps: int = 0,
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -130,6 +136,8 @@ class TransformerXLLM(LMBase):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
         if tbptt_segments < 1:
             raise ValueError(f"tbptt_segments must be 1 or more, got {tbptt_segments}")
+        if mem_warmup_steps < 0:
+            raise ValueError(f"mem_warmup_steps must be >= 0, got {mem_warmup_steps}")
         self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.train_lengths = MemoryLengths(mem_len, clamp_len, same_length)
         self.eval_lengths = evaluation.over(self.train_lengths)
@@ -145,8 +153,15 @@ class TransformerXLLM(LMBase):
                 )
         self.log_attention_mass = log_attention_mass
         self.tbptt_segments = tbptt_segments
+        self.mem_warmup_steps = mem_warmup_steps
 
     # ------------------------------------------------------------------ memory
+    def training_lengths(self) -> MemoryLengths:
+        """The training memory at this optimizer step: none during `mem_warmup_steps`."""
+        if self.global_step < self.mem_warmup_steps:
+            return replace(self.train_lengths, mem_len=0)
+        return self.train_lengths
+
     def init_memory(self, batch_size: int) -> XLMemory:
         """Transformer-XL's empty memory; at evaluation under the TRAMS protocol, TRAMS's attended
         zeros. The memory keeps its convention, so its `reset_rows` clears a new document's rows
@@ -206,7 +221,7 @@ class TransformerXLLM(LMBase):
         x = batch["input"]
         evaluating = not self.training
         need_mass = evaluating and self.log_attention_mass
-        lengths = self.eval_lengths if evaluating else self.train_lengths
+        lengths = self.eval_lengths if evaluating else self.training_lengths()
         out = self.net(
             x,
             memory,

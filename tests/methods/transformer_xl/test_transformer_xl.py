@@ -30,6 +30,7 @@ from longctx.methods.transformer_xl.trams import TramsSettings
 from tests.helpers.environment import REPO
 from tests.helpers.knob_checks import assert_same_weights, save_with_hparams
 from tests.helpers.lm_fixtures import SyntheticData, cpu_trainer
+from tests.helpers.methods import VOCAB
 from tests.helpers.methods import tiny as tiny_method
 from tests.helpers.xl_layers import attend, attention_layer
 
@@ -573,3 +574,29 @@ def test_bad_group_fields_are_one_line_at_construction():
         grouped_xl(evaluation={"mem_len": -1})
     with pytest.raises(TypeError, match="unexpected keyword argument 'eval_memlen'"):
         grouped_xl(eval_memlen=3)
+
+
+def test_memory_warmup_trains_as_rpe_then_with_the_memory():
+    """`mem_warmup_steps`: before step N the training step reads and keeps no memory (the loss of
+    Transformer+RPE on the same weights); from step N, Transformer-XL's."""
+    warm, plain = tiny(mem_len=8, mem_warmup_steps=1), tiny(mem_len=8)
+    rpe = tiny(mem_len=0)
+    for model in (warm, plain, rpe):
+        model.load_state_dict(plain.state_dict())
+        model.train()
+    stream = torch.randint(0, VOCAB, (2, 33))
+    segments = [{"input": stream[:, i : i + 16], "target": stream[:, i + 1 : i + 17]} for i in (0, 16)]
+
+    def second_segment_nll(model: TransformerXLLM) -> torch.Tensor:
+        memory = model.init_memory(2)
+        for segment in segments:
+            out = model.step(segment, memory)
+            memory = detach_memory(out.memory)
+        return out.nll
+
+    assert torch.equal(second_segment_nll(warm), second_segment_nll(rpe))  # global_step 0 < 1
+    assert not torch.allclose(second_segment_nll(plain), second_segment_nll(rpe))
+    warm.mem_warmup_steps = 0  # the warm-up is over
+    assert torch.equal(second_segment_nll(warm), second_segment_nll(plain))
+    with pytest.raises(ValueError, match="mem_warmup_steps must be >= 0"):
+        tiny(mem_warmup_steps=-1)
