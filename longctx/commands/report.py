@@ -527,13 +527,17 @@ def write_seed_outputs(
         return []
     by_run = {row["run"]: row for row in rows}
     columns = [c for c in RESULT_COLUMNS if any(by_run[n][c] is not None for g in groups.values() for n in g)]
-    table_ = seeds.seed_rows(groups, by_run, columns)
-    write_text_atomic(out / "seeds.csv", seeds.to_csv(table_, columns))
+    listed = [
+        c for c in ("steps_to_acc",) if any(by_run[n].get(c) is not None for g in groups.values() for n in g)
+    ]
+    table_ = seeds.seed_rows(groups, by_run, columns, listed)
+    write_text_atomic(out / "seeds.csv", seeds.to_csv(table_, columns, listed))
     return [
         "## Over seeds\n",
         "Runs whose names differ only in `_seed<N>` and whose configs agree beyond the seed and the "
-        "run's naming: the median (min-max) of each result over the finished ones:\n",
-        seeds.markdown(table_, columns, lambda value: f"{value:.4g}"),
+        "run's naming: the median (min-max) of each result over the finished ones (the steps to "
+        "`recall_stop`'s accuracy: each seed's, `>N` where it was not reached in N):\n",
+        seeds.markdown(table_, columns, lambda value: f"{value:.4g}", listed),
     ]
 
 

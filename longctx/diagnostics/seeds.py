@@ -68,15 +68,23 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
 
 
 def seed_rows(
-    groups: dict[str, list[str]], rows: dict[str, dict[str, Any]], columns: Sequence[str]
+    groups: dict[str, list[str]],
+    rows: dict[str, dict[str, Any]],
+    columns: Sequence[str],
+    listed: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """One row per group: `group`, `seeds` (its runs), `finished` and, per result column, `<column>`
     (the median), `<column>_min` and `<column>_max` over its finished runs (a diverged or unfinished
-    seed is counted in `seeds`, never silently in a median)."""
+    seed is counted in `seeds`, never silently in a median). `listed` columns give every run's value
+    in the group's order instead (e.g. the steps to an accuracy, where ">8000" is not a number)."""
     table = []
     for group, names in groups.items():
         done = [name for name in names if rows[name].get("status") == "finished"]
         row: dict[str, Any] = {"group": group, "seeds": len(names), "finished": len(done)}
+        for column in listed:
+            row[column] = ", ".join(
+                "-" if rows[name].get(column) is None else str(rows[name][column]) for name in names
+            )
         for column in columns:
             s = spread([rows[name].get(column) for name in done])
             row.update({column: s["median"], f"{column}_min": s["min"], f"{column}_max": s["max"]})
@@ -84,11 +92,18 @@ def seed_rows(
     return table
 
 
-def markdown(table: Sequence[dict[str, Any]], columns: Sequence[str], show: Callable[[float], str]) -> str:
-    """`median (min-max)` per column; a dash where no run of the group recorded it."""
-    lines = ["| group | seeds | finished | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 3)]
+def markdown(
+    table: Sequence[dict[str, Any]],
+    columns: Sequence[str],
+    show: Callable[[float], str],
+    listed: Sequence[str] = (),
+) -> str:
+    """`median (min-max)` per column, then the `listed` columns' values per run; a dash where no run of
+    the group recorded it."""
+    heads = [*listed, *columns]
+    lines = ["| group | seeds | finished | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 3)]
     for row in table:
-        cells = [
+        cells = [row[c] for c in listed] + [
             "-" if row[c] is None else f"{show(row[c])} ({show(row[c + '_min'])}-{show(row[c + '_max'])})"
             for c in columns
         ]
@@ -96,8 +111,10 @@ def markdown(table: Sequence[dict[str, Any]], columns: Sequence[str], show: Call
     return "\n".join(lines) + "\n"
 
 
-def to_csv(table: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    header = ["group", "seeds", "finished"] + [f"{c}{part}" for c in columns for part in ("", "_min", "_max")]
+def to_csv(table: Sequence[dict[str, Any]], columns: Sequence[str], listed: Sequence[str] = ()) -> str:
+    header = ["group", "seeds", "finished", *listed]
+    header += [f"{c}{part}" for c in columns for part in ("", "_min", "_max")]
     lines = [",".join(header)]
-    lines += [",".join("" if row[h] is None else str(row[h]) for h in header) for row in table]
+    quote = lambda value: f'"{value}"' if "," in value else value  # noqa: E731 (a listed cell)
+    lines += [",".join("" if row[h] is None else quote(str(row[h])) for h in header) for row in table]
     return "\n".join(lines) + "\n"

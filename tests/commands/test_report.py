@@ -591,8 +591,10 @@ def test_seeds_of_one_recipe_are_one_row_of_medians_and_ranges(tmp_path):
                 "model": {"lr": lr}}  # fmt: skip
 
     bpbs = {"xl": 1.5, "xl_seed2": 1.2, "xl_seed3": 1.4}
+    reached = {"xl": 1250, "xl_seed2": None, "xl_seed3": 750}  # the seed 2 fit ran its 8,000 steps
     for seed, (name, bpb) in enumerate(bpbs.items(), start=1):
-        _write_run(tmp_path, name, _finished(bpb), config(name, seed))
+        stop = {"reached_step": reached[name], "global_step": reached[name] or 8000}
+        _write_run(tmp_path, name, _finished(bpb) | {"recall_stop": stop}, config(name, seed))
     _write_run(
         tmp_path, "xl_seed4", {"status": "diverged", "metrics": {"test/bpb": 0.1}}, config("xl_seed4", 4)
     )
@@ -606,7 +608,8 @@ def test_seeds_of_one_recipe_are_one_row_of_medians_and_ranges(tmp_path):
         (row,) = list(csv.DictReader(f))
     assert (row["group"], row["seeds"], row["finished"]) == ("xl", "4", "3")
     assert [float(row[k]) for k in ("test_bpb", "test_bpb_min", "test_bpb_max")] == [1.4, 1.2, 1.5]
+    assert row["steps_to_acc"] == "1250, >8000, 750, -"  # each seed's, in order: not a median of a bound
     text = (tmp_path / "out" / "report.md").read_text()
-    assert "| xl | 4 | 3 | 1.4 (1.2-1.5) |" in text
+    assert "| xl | 4 | 3 | 1250, >8000, 750, - | 1.4 (1.2-1.5) |" in text
     assert "not merged (rpe, rpe_seed2): their configs differ beyond the seed" in text
     assert "not merged (gpt2, gpt2_seed1): two runs share a seed" in text
