@@ -158,7 +158,7 @@ class TransformerXLLM(LMBase):
     # ------------------------------------------------------------------ memory
     def training_lengths(self) -> MemoryLengths:
         """The training memory at this optimizer step: none during `mem_warmup_steps`."""
-        if self.global_step < self.mem_warmup_steps:
+        if self.mem_warmup_steps and self.global_step < self.mem_warmup_steps:
             return replace(self.train_lengths, mem_len=0)
         return self.train_lengths
 
