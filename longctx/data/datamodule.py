@@ -37,7 +37,7 @@ from longctx.data.induction import induction_marks
 from longctx.data.streams import SegmentStream, Wrap, evaluation_row_start
 from longctx.data.synth import load_marks, marks_path
 from longctx.data.text_files import TextFileError, check_split_tokens, check_text_files
-from longctx.data.tokenize import EOS
+from longctx.data.tokenize import EOS, WordVocab
 
 log = logging.getLogger(__name__)
 
@@ -373,11 +373,8 @@ class LMDataModule(pl.LightningDataModule):
 
     def _eos_id(self) -> int | None:
         """The id of `<eos>` (the line end the `words` tokenizer appends) in this run's vocabulary."""
-        vocabulary = self.corpus.path / "vocab.txt"
-        if not vocabulary.is_file():
-            return None
-        symbols = vocabulary.read_text(encoding="utf-8").split("\n")
-        return symbols.index(EOS) if EOS in symbols else None
+        vocabulary = self.vocabulary_file
+        return None if vocabulary is None else WordVocab.load(vocabulary).index.get(EOS)
 
     def _reachable_marks(self, split: str) -> TargetMarks | None:
         """The split's marks an evaluation can count as recall: an answer bound before the first token

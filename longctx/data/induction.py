@@ -18,7 +18,7 @@ bindings, and are never marked. A text whose lines are not episodes (a line with
 query" would be one answer per file.
 
 On `synth mqar` text the rule finds the sidecar's answers and a few chance repeats besides (a filler
-pair seen again within the window): `tests/unit/test_induction.py` counts them.
+pair seen again within the window): `tests/data/test_induction.py` counts them.
 """
 
 from __future__ import annotations

@@ -122,6 +122,7 @@ def test_a_text_without_marks_trains_and_is_scored_on_its_answers(tmp_path):
         sidecar = np.load(tmp_path / "mqar" / f"{split}.marks.kept")
         marks = data.target_marks(split)
         assert marks is not None and np.isin(marks.offset, sidecar["offset"]).mean() > 0.8
+        assert marks.query is not None and marks.query.min() == 0  # lines are episodes: <eos> was found
     served = sum(int(batch["mask"].sum()) for batch in data.stream("train", train=True))
     assert len(scored) - 2 * 8 <= served <= len(scored)  # each row drops less than one batch's tokens
 
