@@ -205,6 +205,12 @@ class LoggedConfigCallback(SaveConfigCallback):
 
     _config_path: Path | None = None
 
+    def __init__(self, parser: LightningArgumentParser, config: Namespace, *args: Any, **kwargs: Any) -> None:
+        """`recorded_config`: the config to save, when it differs from the one the trainer was built
+        from (the CLI's, before it derived the run's folders from its name)."""
+        recorded = kwargs.pop("recorded_config", None)
+        super().__init__(parser, config if recorded is None else recorded, *args, **kwargs)
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Record the settings the trainer resolved, with a warning at most: the precision (`16-mixed`
         runs as `bf16-mixed` on CPU, `null` as `32-true`) and a fit's epoch limit (`max_epochs: null`
@@ -505,6 +511,13 @@ class LongCtxCLI(LightningCLI):
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         run_name = config.get("run_name") or run_name_from_env()
         config.run_name = run_name
+        check_not_inside_itself(config.trainer.default_root_dir, run_name)
+        for logger in _logger_configs(config.trainer.logger):
+            forget_another_runs_wandb_id(logger, run_name)
+        # config.yaml records the command's settings and its run's name, not the folders and W&B ids
+        # derived from the name below: read back (`--config runs/NAME/config.yaml`) it names the same
+        # run, and under another --run_name it writes nothing into this one.
+        self.save_config_kwargs["recorded_config"] = config.clone()
         run_dir = run_directory(config.trainer.default_root_dir, run_name)
         config.trainer.default_root_dir = str(run_dir)
         check_writable(run_dir)
@@ -516,7 +529,7 @@ class LongCtxCLI(LightningCLI):
                 init.save_dir = str(run_dir)
                 init.name = init.get("name") or run_name
                 # The W&B id must be unique in the project and stable across requeues.
-                init.id = init.get("id") or re.sub(r"[^A-Za-z0-9_-]", "-", run_name)
+                init.id = init.get("id") or wandb_run_id(run_name)
                 init.resume = init.get("resume") or "allow"
                 if group := os.environ.get("LONGCTX_WANDB_GROUP") or os.environ.get("SLURM_ARRAY_JOB_ID"):
                     init.group = init.get("group") or group
@@ -525,6 +538,8 @@ class LongCtxCLI(LightningCLI):
             saves_checkpoints = callback.class_path.endswith(("ModelCheckpoint", "RunCheckpoint"))
             if saves_checkpoints and not callback.init_args.get("dirpath"):
                 callback.init_args.dirpath = str(checkpoint_dir(run_dir))
+            elif saves_checkpoints and self.subcommand == "fit":
+                check_not_another_runs_checkpoints(callback.init_args.dirpath, run_dir)
 
     def before_fit(self) -> None:
         _check_checkpoint_names(self.trainer)
@@ -615,6 +630,49 @@ class LongCtxCLI(LightningCLI):
                 check_checkpoint_fits(ckpt_path, self.model, strict=self.model.strict_loading)
             except ValueError as err:
                 raise ConfigError(str(err)) from err
+
+
+def wandb_run_id(run_name: str) -> str:
+    """The W&B run id of a run: its name in the characters W&B allows."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", run_name)
+
+
+def check_not_inside_itself(root: str | None, run_name: str) -> None:
+    """A root that ends with the run's own name is that run's folder: a `config.yaml` written before
+    runs recorded their root (`fit --config runs/NAME/config.yaml --run_name NAME`) would put the
+    run's metrics in `runs/NAME/NAME` and its checkpoints in `runs/NAME`."""
+    name = Path(run_name).parts
+    if root and Path(root).parts[-len(name) :] == name and held_run(root) is not None:
+        raise ConfigError(
+            f"trainer.default_root_dir {root} is the folder of the run {run_name} itself, not the folder "
+            f"runs are made in (a config.yaml saved by an older longctx names its run's folder): add "
+            f"--trainer.default_root_dir {Path(root).parents[len(name) - 1]}"
+        )
+
+
+def check_not_another_runs_checkpoints(dirpath: str, run_dir: Path) -> None:
+    """A fit's checkpoints never go into another run's folder (a `config.yaml` written before runs
+    recorded their root names its run's `checkpoints/` as the callback's dirpath): they would replace
+    that run's `last.ckpt`."""
+    owner = Path(dirpath).parent
+    if owner.resolve() != run_dir.resolve() and held_run(owner) is not None:
+        raise ConfigError(
+            f"trainer.callbacks: checkpoints would go into {dirpath}, the folder of another run ({owner}), "
+            f"not this run's {checkpoint_dir(run_dir)} (a config.yaml saved by an older longctx names its "
+            "run's folders): set the callback's dirpath to null"
+        )
+
+
+def forget_another_runs_wandb_id(logger: Namespace, run_name: str) -> None:
+    """A W&B logger's name and id made for another run (`wandb_run_id` of its name, as a `config.yaml`
+    written before runs recorded their root holds them) are dropped, so that this run gets its own:
+    with them it would log into the other run's W&B history (W&B resumes a run by its id)."""
+    if logger.class_path != WANDB_LOGGER:
+        return
+    init = logger.init_args
+    name, run_id = init.get("name"), init.get("id")
+    if name and name != run_name and run_id == wandb_run_id(name):
+        init.name = init.id = None
 
 
 def _logger_configs(logger: Any) -> list[Namespace]:

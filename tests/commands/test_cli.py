@@ -171,6 +171,59 @@ def test_saved_config_records_the_precision_that_ran(tmp_path):
     callback.on_train_start(cli.trainer, cli.model)
     saved = yaml.safe_load((tmp_path / "runs" / "quick" / "config.yaml").read_text())
     assert cli.trainer.precision == saved["trainer"]["precision"] == "bf16-mixed"
+    # The run's name, not the folders and W&B id derived from it (the trainer has those).
+    assert saved["run_name"] == "quick" and saved["trainer"]["default_root_dir"] is None
+    assert cli.trainer.default_root_dir == str(Path("runs") / "quick")
+    assert [c["init_args"]["dirpath"] for c in saved["trainer"]["callbacks"]] == [None]
+    assert saved["trainer"]["logger"]["init_args"]["id"] is None
+
+
+@pytest.mark.slow  # three tiny fits (~30 s on 2 CPU cores)
+def test_a_saved_config_read_back_names_its_run_and_writes_into_no_other(tmp_path):
+    """`fit --config runs/quick/config.yaml --ckpt_path last` continues runs/quick (it wrote its
+    metrics into runs/quick/runs/quick while its checkpoints went to runs/quick, when config.yaml held
+    the folders derived from the name); under another --run_name it leaves runs/quick as it was."""
+    main(quick_args(tmp_path))
+    saved = tmp_path / "runs" / "quick" / "config.yaml"
+    last = tmp_path / "runs" / "quick" / "checkpoints" / "last.ckpt"
+    cli = main(["fit", "--config", str(saved), "--ckpt_path", "last", "--trainer.max_steps", "4"])
+    assert cli.trainer.global_step == 4 and Path(cli.trainer.default_root_dir) == Path("runs/quick")
+    assert torch.load(last, weights_only=False)["global_step"] == 4
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["quick"]
+    before = last.read_bytes()
+    cli = main(["fit", "--config", str(saved), "--run_name", "other", "--trainer.max_steps", "2"])
+    assert Path(cli.trainer.default_root_dir) == Path("runs/other") and last.read_bytes() == before
+    assert (tmp_path / "runs" / "other" / "checkpoints" / "last.ckpt").is_file()
+    assert cli.trainer.logger._wandb_init["id"] == "other"
+
+
+def test_a_config_naming_its_runs_folders_is_refused_or_cleaned(tmp_path):
+    """config.yaml files saved before runs recorded their root name the run's folder as the root,
+    its checkpoints/ as the callbacks' dirpath and its W&B id: the first two would put a fit's files
+    into that run's folder (one line says how to fix it), the id is dropped so the run gets its own."""
+    (tmp_path / "runs" / "quick" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "quick" / "summary.json").write_text(json.dumps({"subcommand": "fit"}))
+    message = (
+        r"^error: trainer.default_root_dir runs/quick is the folder of the run quick itself, .* add "
+        r"--trainer.default_root_dir runs$"
+    )
+    with pytest.raises(SystemExit, match=message):
+        main(quick_args(tmp_path, "--trainer.default_root_dir", "runs/quick"))
+    dirpath = ["--trainer.callbacks.init_args.dirpath", "runs/quick/checkpoints"]
+    message = (
+        r"^error: trainer.callbacks: checkpoints would go into runs/quick/checkpoints, the folder of "
+        r"another run \(runs/quick\), .*set the callback's dirpath to null$"
+    )
+    with pytest.raises(SystemExit, match=message):
+        main(quick_args(tmp_path, "--run_name", "other", *dirpath))
+    stale = ["--trainer.logger.init_args.name", "quick", "--trainer.logger.init_args.id", "quick"]
+    cli = LongCtxCLI(args=quick_args(tmp_path, "--run_name", "other", *stale)[1:], run=False)
+    assert (
+        cli.trainer.logger._wandb_init["id"] == "other" and cli.trainer.logger._wandb_init["name"] == "other"
+    )
+    mine = ["--trainer.logger.init_args.name", "mine", "--trainer.logger.init_args.id", "abc123"]
+    cli = LongCtxCLI(args=quick_args(tmp_path, "--run_name", "other2", *mine)[1:], run=False)
+    assert cli.trainer.logger._wandb_init["id"] == "abc123"  # the user's own id is kept
 
 
 def test_checkpoint_names_with_metric_slashes_are_refused(tmp_path):
