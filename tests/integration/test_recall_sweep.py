@@ -85,7 +85,7 @@ def test_methods_share_the_text_the_budget_and_the_size(method):
     layers = network.get("n_layers") or network.get("n_layer")
     assert (width, layers) == (64, 2)
     optimizer = init["optimizer"]
-    assert optimizer["class_path"] == "torch.optim.AdamW" and optimizer["init_args"]["lr"] == 0.01
+    assert optimizer["class_path"] == "torch.optim.AdamW" and optimizer["init_args"]["lr"] == 0.003
 
 
 @pytest.mark.slow
