@@ -181,7 +181,7 @@ def test_saved_config_records_the_precision_that_ran(tmp_path):
 @pytest.mark.slow  # three tiny fits (~30 s on 2 CPU cores)
 def test_a_saved_config_read_back_names_its_run_and_writes_into_no_other(tmp_path):
     """`fit --config runs/quick/config.yaml --ckpt_path last` continues runs/quick (it wrote its
-    metrics into runs/quick/runs/quick while its checkpoints went to runs/quick, when config.yaml held
+    metrics into runs/quick/quick while its checkpoints went to runs/quick, when config.yaml held
     the folders derived from the name); under another --run_name it leaves runs/quick as it was."""
     main(quick_args(tmp_path))
     saved = tmp_path / "runs" / "quick" / "config.yaml"
