@@ -52,6 +52,16 @@ class TargetMarks:
         """Query indices kept apart (1 without queries)."""
         return 1 if self.query is None or not len(self.query) else int(self.query.max()) + 1
 
+    def within_segment(self, segment_len: int) -> float | None:
+        """The fraction of the marked targets whose recalled token lies in the target's own segment of
+        `segment_len` tokens, in expectation over where the target falls in it: (L - distance) / L per
+        target, 0 at distance >= L (None without distances, or without marks). On recall text it says
+        how much a model without memory can learn: 0.50 on zoology's dense episodes at L = 32, 0 when
+        every binding lies beyond the segment."""
+        if self.distance is None or not len(self.distance):
+            return None
+        return float(np.clip(segment_len - self.distance, 0, None).mean() / segment_len)
+
 
 def target_is_argmax(logits: Tensor, target: Tensor) -> Tensor:
     """(...) bool: `target` (...) is the argmax of the log-probabilities of `logits` (..., V) (the log-

@@ -219,6 +219,7 @@ class LMDataModule(pl.LightningDataModule):
         self.train_targets = train_targets
         self._marks: dict[str, TargetMarks | None] = {}
         self._train_scored: np.ndarray | None = None
+        self._train_within: float | None = None
         self._vocab_size: int | None = None
         self._token_bytes: torch.Tensor | None = None
 
@@ -292,7 +293,10 @@ class LMDataModule(pl.LightningDataModule):
             if self.info.user_files:
                 self._marks = {split: self._reachable_marks(split) for split in ("valid", "test")}
             if self.train_targets != "all":
-                self._train_scored = self._marked_targets("train")
+                train_marks = self._training_marks()
+                self._train_scored = np.zeros(len(corpus.split("train").tokens), dtype=bool)
+                self._train_scored[train_marks.offset] = True
+                self._train_within = train_marks.within_segment(self.tgt_len)
             for split, rate in self.out_of_vocabulary().items():
                 if rate["oov_tokens"]:
                     rank_zero_info(
@@ -308,9 +312,18 @@ class LMDataModule(pl.LightningDataModule):
         at `setup`."""
         return self._marks.get(split)
 
-    def _marked_targets(self, split: str) -> np.ndarray:
-        """(n_tokens,) bool: True at the split's marked targets (`data.train_targets`: the sidecar's
-        with `marked`, the rule's with `induction`)."""
+    @property
+    def train_answers_within_segment(self) -> float | None:
+        """The fraction of the training answers (`data.train_targets`) bound within their own training
+        segment of `tgt_len` tokens (`TargetMarks.within_segment`), or None (every target trains, or
+        marks without distances). Known after `setup`: a memory warm-up reads it (nothing to learn
+        without the memory when every binding lies beyond the segment)."""
+        return self._train_within
+
+    def _training_marks(self) -> TargetMarks:
+        """The training split's marked targets (`data.train_targets`: the sidecar's with `marked`, the
+        rule's with `induction`), refused in one line when there are none."""
+        split = "train"
         marks = self._induction_marks(split) if self.train_targets == "induction" else self._load_marks(split)
         file = self.spec.user_files()[split]
         if self.train_targets == "induction" and not marks.offset.size:
@@ -325,9 +338,7 @@ class LMDataModule(pl.LightningDataModule):
                 f"({marks_path(file).name} beside it, written by `python -m longctx.data synth`); write "
                 "the text with synth, or set data.train_targets: all"
             )
-        scored = np.zeros(len(self.corpus.split(split).tokens), dtype=bool)
-        scored[marks.offset] = True
-        return scored
+        return marks
 
     def _load_marks(self, split: str) -> TargetMarks | None:
         """The sidecar of the split's file, checked against the file: the digest it records (marks of

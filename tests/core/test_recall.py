@@ -290,3 +290,14 @@ def test_words_text_is_scored_token_by_token_and_its_marks_give_the_recall(tmp_p
     assert metrics["val/recall_acc_first"] == pytest.approx(
         correct[np.isin(offset, marks["offset"][marks["query"] == 0])].mean()
     )
+
+
+def test_within_segment_is_the_share_of_answers_whose_binding_shares_their_segment():
+    """`TargetMarks.within_segment(L)`: over every position an answer can take in its segment of L
+    tokens, the share where the token it recalls (distance back) lies in the same segment."""
+    distance, segment_len = np.array([1, 5, 8, 12, 30]), 8
+    in_segment = [position - d >= 0 for d in distance for position in range(segment_len)]
+    marks = TargetMarks(np.arange(len(distance)), None, distance)
+    assert marks.within_segment(segment_len) == pytest.approx(np.mean(in_segment))
+    assert TargetMarks(np.arange(2), None, np.array([8, 40])).within_segment(8) == 0.0
+    assert TargetMarks(np.arange(2)).within_segment(8) is None  # no distances

@@ -223,6 +223,45 @@ def test_training_on_marked_targets_scores_the_answers_alone(tmp_path, windows):
     assert torch.equal(valid["mask"], valid_all["mask"])
 
 
+@pytest.mark.parametrize("targets", ["marked", "induction"])
+def test_the_share_of_training_answers_bound_within_their_segment(tmp_path, targets):
+    """`train_answers_within_segment`: the training answers (the sidecar's, 6-20 tokens after their
+    binding; or the rule's, found here by a plain scan of the tokens) bound within their segment, on
+    average over the answer's place in it; 0 when every binding lies a segment or more back; None
+    when every target trains."""
+    generate(MQARSettings(**SMALL, min_distance=6, max_distance=20), tmp_path / "mqar")
+    files = {split: str(tmp_path / "mqar" / f"{split}.txt") for split in SPLITS}
+
+    def data_with(tgt_len: int, train_targets: str = targets) -> LMDataModule:
+        data = LMDataModule(
+            "text_files", files=files, tokenizer="words", batch_size=2, tgt_len=tgt_len,
+            train_targets=train_targets, cache_dir=str(tmp_path / "cache"),
+        )  # fmt: skip
+        data.prepare_data()
+        data.setup()
+        return data
+
+    data = data_with(16)
+    if targets == "marked":
+        distance = load_marks(tmp_path / "mqar", "train")["distance"]
+    else:  # each target completing a pair seen at most 256 tokens before (no line end in it)
+        tokens = data.corpus.split("train").tokens.tolist()
+        eos = (data.corpus.path / "vocab.txt").read_text().split("\n").index("<eos>")
+        last_seen: dict[tuple[int, int], int] = {}
+        distance = []
+        for t in range(1, len(tokens)):
+            pair = (tokens[t - 1], tokens[t])
+            if eos not in pair and pair in last_seen and t - last_seen[pair] <= 256:
+                distance.append(t - last_seen[pair])
+            last_seen[pair] = t
+        distance = np.array(distance)
+    expected = np.clip(16 - distance, 0, None).mean() / 16
+    assert data.train_answers_within_segment == pytest.approx(expected) and 0 < expected < 1
+    if targets == "marked":
+        assert data_with(6).train_answers_within_segment == 0.0  # every binding 6 or more tokens back
+    assert data_with(16, "all").train_answers_within_segment is None
+
+
 def test_training_on_marked_targets_needs_marks(tmp_path):
     data = small_mqar_data(tmp_path, batch_size=2, tgt_len=8)
     (tmp_path / "mqar" / "train.marks.npz").unlink()

@@ -5,8 +5,10 @@ the adaptive softmax, the parameter count of the wt103 config, and the Lightning
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -600,3 +602,25 @@ def test_memory_warmup_trains_as_rpe_then_with_the_memory():
     assert torch.equal(second_segment_nll(warm), second_segment_nll(plain))
     with pytest.raises(ValueError, match="mem_warmup_steps must be >= 0"):
         tiny(mem_warmup_steps=-1)
+
+
+@pytest.mark.parametrize(
+    ("within", "warmup_left"), [(0.0, 0), (0.09, 0), (0.1, 1000), (0.5, 1000), (None, 1000)]
+)
+def test_memory_warmup_is_dropped_on_text_bound_beyond_the_segment(caplog, within, warmup_left):
+    """`mem_warmup_min_within`: at fit start the warm-up is dropped, in one line, when fewer of the
+    training answers than that are bound within their segment; kept otherwise, and when the data
+    cannot say (no answers, or no data module)."""
+    model = tiny(mem_len=8, mem_warmup_steps=1000, mem_warmup_min_within=0.1)
+    model._trainer = SimpleNamespace(datamodule=SimpleNamespace(train_answers_within_segment=within))
+    with caplog.at_level(logging.INFO):
+        model.on_fit_start()
+    assert model.mem_warmup_steps == warmup_left
+    said = [r.getMessage() for r in caplog.records if "no memory warm-up" in r.getMessage()]
+    assert len(said) == (warmup_left == 0)
+    alone = tiny(mem_len=8, mem_warmup_steps=1000, mem_warmup_min_within=0.1)
+    alone._trainer = SimpleNamespace()  # loaders passed to fit directly
+    alone.on_fit_start()
+    assert alone.mem_warmup_steps == 1000
+    with pytest.raises(ValueError, match=r"mem_warmup_min_within is a fraction in \[0, 1\]"):
+        tiny(mem_warmup_min_within=1.5)
