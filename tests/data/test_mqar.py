@@ -22,6 +22,7 @@ from longctx.data.datamodule import LMDataModule
 from longctx.data.mqar import MQARSettings, generate
 from longctx.data.synth import load_marks
 from longctx.data.text_files import TextFileError
+from tests.helpers.methods import tiny as tiny_method
 
 SPLITS = ("train", "valid", "test")
 SMALL = dict(pairs=3, keys=40, values=40, filler_vocab=30, train_tokens=6000, eval_tokens=1500)
@@ -260,6 +261,24 @@ def test_the_share_of_training_answers_bound_within_their_segment(tmp_path, targ
     if targets == "marked":
         assert data_with(6).train_answers_within_segment == 0.0  # every binding 6 or more tokens back
     assert data_with(16, "all").train_answers_within_segment is None
+
+
+def test_transformer_xl_reads_the_share_its_data_module_measured(tmp_path):
+    """The fact the data module measures is the one Transformer-XL's warm-up reads: on text whose
+    every binding lies a segment or more back the fit starts without the warm-up."""
+    generate(MQARSettings(**SMALL, min_distance=6, max_distance=20), tmp_path / "mqar")
+    files = {split: str(tmp_path / "mqar" / f"{split}.txt") for split in SPLITS}
+    data = LMDataModule(
+        "text_files", files=files, tokenizer="words", batch_size=2, tgt_len=6, train_targets="marked",
+        cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    data.prepare_data()
+    data.setup()
+    assert data.train_answers_within_segment == 0.0  # every answer 6-20 tokens back
+    model = tiny_method("transformer_xl", mem_len=8, mem_warmup_steps=1000, mem_warmup_min_within=0.1)
+    model._trainer = SimpleNamespace(datamodule=data)
+    model.on_fit_start()
+    assert model.mem_warmup_steps == 0
 
 
 def test_training_on_marked_targets_needs_marks(tmp_path):

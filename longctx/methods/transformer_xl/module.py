@@ -169,14 +169,16 @@ class TransformerXLLM(LMBase):
     # ------------------------------------------------------------------ memory
     def on_fit_start(self) -> None:
         """Drop the memory warm-up when the training text binds too few answers within the segment
-        (`mem_warmup_min_within`), saying so in one line. Decided from the data at every fit start,
-        so a resumed fit decides as the first did."""
+        (`mem_warmup_min_within`), saying so in one line. Decided from the configured
+        `mem_warmup_steps` and this fit's data at every fit start: a resumed fit decides as the first
+        did, and a later fit of the same model on other text decides afresh."""
+        self.mem_warmup_steps = configured = self.hparams.mem_warmup_steps
         within = getattr(self.data_facts(), "train_answers_within_segment", None)
-        if self.mem_warmup_steps and within is not None and within < self.mem_warmup_min_within:
+        if configured and within is not None and within < self.mem_warmup_min_within:
             rank_zero_info(
                 f"longctx: {within:.1%} of the training answers are bound within their segment (under "
                 f"mem_warmup_min_within {self.mem_warmup_min_within:.0%}): no memory warm-up, the memory "
-                f"is on from the first step (mem_warmup_steps {self.mem_warmup_steps} skipped)"
+                f"is on from the first step (mem_warmup_steps {configured} skipped)"
             )
             self.mem_warmup_steps = 0
 

@@ -618,6 +618,9 @@ def test_memory_warmup_is_dropped_on_text_bound_beyond_the_segment(caplog, withi
     assert model.mem_warmup_steps == warmup_left
     said = [r.getMessage() for r in caplog.records if "no memory warm-up" in r.getMessage()]
     assert len(said) == (warmup_left == 0)
+    model._trainer.datamodule.train_answers_within_segment = 0.5  # a later fit, on near text
+    model.on_fit_start()
+    assert model.mem_warmup_steps == 1000
     alone = tiny(mem_len=8, mem_warmup_steps=1000, mem_warmup_min_within=0.1)
     alone._trainer = SimpleNamespace()  # loaders passed to fit directly
     alone.on_fit_start()
