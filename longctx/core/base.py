@@ -16,9 +16,10 @@ and a memory into per-token losses:
   segment mode the rows of a new document are made fresh through the memory's own `reset_rows`
   (`longctx.core.memory.RowMemory`), whatever the method;
 - truncated backpropagation through time over k segments (`tbptt_segments`, a segment-mode method's
-  knob): a training batch holds k consecutive segments per row (B, k, L), run in order with the
-  memory carried *with* its gradient, detached only at the batch's end (Lightning's optimizer steps
-  cannot share a graph); the loss is the mean over the k segments' scored tokens;
+  knob; None: as many as each training batch holds, the data module's layout deciding): a training
+  batch holds k consecutive segments per row (B, k, L), run in order with the memory carried *with*
+  its gradient, detached only at the batch's end (Lightning's optimizer steps cannot share a graph);
+  the loss is the mean over the k segments' scored tokens;
 - the optimizer wiring: `optimizer` / `lr_scheduler` callables from the config;
 - the RNG state in each checkpoint, so a resumed run draws the dropout masks the uninterrupted run
   would have drawn (the carried memory is not saved: it restarts empty).
@@ -142,10 +143,11 @@ class LMBase(pl.LightningModule):
     # has marks, or a per-token writer is attached); a method computes the argmax only then.
     wants_correct: bool = False
     # Segment mode: the k segments of each row a training batch holds, through which the gradient
-    # flows along the memory (truncated BPTT); 1: every step's memory is detached (the default). A
-    # method that can carry its memory's graph takes it as its `tbptt_segments` knob, and its `step`
-    # then returns the memory undetached in training.
-    tbptt_segments: int = 1
+    # flows along the memory (truncated BPTT); 1: every step's memory is detached (the default); None:
+    # as many as each training batch holds (`data.windows_per_batch`, or the layout the data module
+    # chose from its text). A method that can carry its memory's graph takes it as its
+    # `tbptt_segments` knob, and its `step` then returns the memory undetached in training.
+    tbptt_segments: int | None = 1
 
     def __init__(
         self,
@@ -418,7 +420,7 @@ class LMBase(pl.LightningModule):
         segment). Returns the k segments' NLL and mask (B, k, L), the last memory, and the mean over
         segments of the extra loss and of the logs."""
         k = 1 if batch["input"].dim() == 2 else batch["input"].shape[1]
-        if k != self.tbptt_segments:
+        if self.tbptt_segments is not None and k != self.tbptt_segments:
             raise DataMismatch(self._tbptt_mismatch(k))
         memory = self._memory["train"]
         if batch["input"].dim() == 2:

@@ -34,6 +34,7 @@ from longctx.data.cache import (
 )
 from longctx.data.corpora import get_corpus
 from longctx.data.induction import induction_marks
+from longctx.data.layout import FarTextLayout
 from longctx.data.streams import SegmentStream, Wrap, evaluation_row_start
 from longctx.data.synth import load_marks, marks_path
 from longctx.data.text_files import TextFileError, check_split_tokens, check_text_files
@@ -71,6 +72,10 @@ class LMDataModule(pl.LightningDataModule):
         windows_per_batch: K windows of each row per training batch (backprop through K windows); in
             segment mode, K consecutive segments (B, K, L) for truncated backpropagation through K
             segments (the model's `tbptt_segments`); 1: one segment (B, L).
+        far_text_layout: another training layout (rows, segments per row) for text whose answers are
+            bound beyond their segment (`FarTextLayout`: fewer than `max_within` of the training
+            answers bound within it, measured at `setup`; needs `train_targets` marked or
+            induction); None: `batch_size` x `windows_per_batch` on any text.
         tokenizer: how the text corpora (wikitext103_raw, wikitext103_text, pg19, text_files) are
             tokenized: `gpt2` (GPT-2 BPE), a local directory or hub id of a byte-level BPE, or `bytes`
             (byte level: what Transformer-XL and Adaptive Span read to compare with GPT-2 on the same
@@ -117,6 +122,7 @@ class LMDataModule(pl.LightningDataModule):
         overlap: int = 0,
         eval_overlap: int | None = None,
         windows_per_batch: int = 1,
+        far_text_layout: FarTextLayout | None = None,
         tokenizer: str = "gpt2",
         max_train_documents: int | None = None,
         max_eval_document_tokens: int | None = None,
@@ -176,10 +182,17 @@ class LMDataModule(pl.LightningDataModule):
                 "data.train_wrap: random_offset (adaptive-span's wrap-around) needs mode: segments on a "
                 f"contiguous corpus; {corpus} in mode {mode} takes train_wrap: restart"
             )
-        if train_wrap == "random_offset" and windows_per_batch > 1:
+        if far_text_layout is not None and train_targets == "all":
+            raise ValueError(
+                "data.far_text_layout decides from the share of the training answers bound within their "
+                "segment: it needs data.train_targets marked or induction (got all)"
+            )
+        most_rows = max(batch_size, far_text_layout.batch_size if far_text_layout else 0)
+        most_windows = max(windows_per_batch, far_text_layout.windows_per_batch if far_text_layout else 0)
+        if train_wrap == "random_offset" and most_windows > 1:
             raise ValueError(
                 "data.train_wrap: random_offset (adaptive-span's wrap-around) serves one segment per "
-                f"batch; with data.windows_per_batch {windows_per_batch} use train_wrap: restart"
+                f"batch; with {most_windows} windows per batch use train_wrap: restart"
             )
         if split_sources is not None and (unknown := set(split_sources) - set(SPLITS)):
             raise ValueError(f"split_sources has unknown splits {sorted(unknown)}; use {list(SPLITS)}")
@@ -192,7 +205,7 @@ class LMDataModule(pl.LightningDataModule):
         user_files = None
         if self.info.user_files:
             eval_shape = (eval_batch_size or batch_size, eval_tgt_len or tgt_len)
-            user_files = check_text_files(files, batch_tokens((batch_size, tgt_len), eval_shape))
+            user_files = check_text_files(files, batch_tokens((most_rows, tgt_len), eval_shape))
         self.spec = CorpusSpec(
             name=corpus,
             root=root_path,
@@ -214,6 +227,7 @@ class LMDataModule(pl.LightningDataModule):
         self.overlap = overlap
         self.eval_overlap = overlap if eval_overlap is None else eval_overlap
         self.windows_per_batch = windows_per_batch
+        self.far_text_layout = far_text_layout
         self.word_convention = word_convention
         self._corpus: TokenizedCorpus | None = None
         self.train_targets = train_targets
@@ -297,6 +311,7 @@ class LMDataModule(pl.LightningDataModule):
                 self._train_scored = np.zeros(len(corpus.split("train").tokens), dtype=bool)
                 self._train_scored[train_marks.offset] = True
                 self._train_within = train_marks.within_segment(self.tgt_len)
+                self._choose_training_layout()
             for split, rate in self.out_of_vocabulary().items():
                 if rate["oov_tokens"]:
                     rank_zero_info(
@@ -304,6 +319,19 @@ class LMDataModule(pl.LightningDataModule):
                         f"{rate['tokens']:,} tokens ({rate['oov_fraction']:.2%}) are words the vocabulary "
                         "lacks, scored as <unk>"
                     )
+
+    def _choose_training_layout(self) -> None:
+        """Train far text (`far_text_layout`) in its own layout, saying so in one line."""
+        layout = self.far_text_layout
+        if layout is None or not layout.applies(self._train_within):
+            return
+        rank_zero_info(
+            f"longctx: {self._train_within:.1%} of the training answers are bound within their segment "
+            f"(under data.far_text_layout.max_within {layout.max_within:.0%}): training batches of "
+            f"{layout.batch_size} rows x {layout.windows_per_batch} segments (data.far_text_layout), not "
+            f"{self.batch_size} x {self.windows_per_batch}"
+        )
+        self.batch_size, self.windows_per_batch = layout.batch_size, layout.windows_per_batch
 
     def target_marks(self, split: str) -> TargetMarks | None:
         """The marked targets of an evaluation split ("valid" or "test"): `text_files` whose file has a

@@ -31,7 +31,7 @@ def segment_batches(k: int) -> list[dict[str, torch.Tensor]]:
     return list(SegmentStream(tokens, 2, L, doc_offsets=doc_offsets, windows_per_batch=k))
 
 
-def xl(tbptt_segments: int, n_layers: int = 2):
+def xl(tbptt_segments: int | None, n_layers: int = 2):
     """A tiny Transformer-XL whose memory holds one segment (so reaching s segments back takes s hops)."""
     torch.manual_seed(0)
     network = {"dropout": 0.0, "n_layers": n_layers}
@@ -39,7 +39,7 @@ def xl(tbptt_segments: int, n_layers: int = 2):
     return model.train()
 
 
-def adaptive_span(tbptt_segments: int, n_layers: int = 2):
+def adaptive_span(tbptt_segments: int | None, n_layers: int = 2):
     """A tiny adaptive span (its caches hold 32 states: four segments back in one hop)."""
     torch.manual_seed(0)
     network = {"dropout": 0.0, "n_layers": n_layers}
@@ -106,6 +106,26 @@ def test_the_gradient_reaches_k_minus_1_segments_back_and_not_k(method):
     assert embedded[K - 1].grad is not None and embedded[K - 1].grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("k", [1, K])
+def test_null_trains_through_the_segments_each_batch_holds_as_that_number_does(method, k):
+    """`tbptt_segments: null` (the data module's layout decides, `data.far_text_layout`): on batches
+    of k segments the same losses and gradients as `tbptt_segments: k`, step after step."""
+    batches = segment_batches(k)[:3]
+    if k == 1:
+        batches = [{key: value[:, 0] for key, value in batch.items()} for batch in batches]
+    following, fixed = (outside_a_trainer(METHODS[method](n)) for n in (None, k))
+    fixed.load_state_dict(following.state_dict())
+    for i, batch in enumerate(batches):
+        losses = [model.training_step(batch, i) for model in (following, fixed)]
+        for loss in losses:
+            loss.backward()
+        assert torch.equal(losses[0], losses[1])
+        for (name, a), b in zip(following.named_parameters(), fixed.parameters(), strict=True):
+            assert (a.grad is None) == (b.grad is None), name
+            assert a.grad is None or torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7), name
+
+
 def test_one_segment_per_batch_keeps_the_papers_stop_gradient():
     model = xl(1)
     batch = {key: value[:, 0] for key, value in segment_batches(K)[0].items()}
@@ -129,7 +149,9 @@ def test_batches_of_another_number_of_segments_are_one_line_errors():
         DataMismatch, match=r"^CompressiveTransformerLM trains on one segment per batch \(it has no"
     ):
         tiny("compressive_transformer").train()._train_segments(batch)
-    with pytest.raises(ValueError, match=r"^tbptt_segments must be 1 or more, got 0$"):
+    with pytest.raises(
+        ValueError, match=r"^tbptt_segments must be 1 or more \(or null: as the batches hold\), got 0$"
+    ):
         tiny("transformer_xl", tbptt_segments=0)
 
 

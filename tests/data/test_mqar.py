@@ -19,6 +19,7 @@ import torch
 
 from longctx.commands.data import main as data_main
 from longctx.data.datamodule import LMDataModule
+from longctx.data.layout import FarTextLayout
 from longctx.data.mqar import MQARSettings, generate
 from longctx.data.synth import load_marks
 from longctx.data.text_files import TextFileError
@@ -279,6 +280,49 @@ def test_transformer_xl_reads_the_share_its_data_module_measured(tmp_path):
     model._trainer = SimpleNamespace(datamodule=data)
     model.on_fit_start()
     assert model.mem_warmup_steps == 0
+
+
+@pytest.mark.parametrize("tgt_len", [6, 16])
+def test_far_text_trains_in_its_own_layout(tmp_path, tgt_len, caplog):
+    """`data.far_text_layout`: text whose answers lie a segment or more back (6-20 tokens, segments
+    of 6: none within) trains in the layout's rows x segments, said in one line; near text (segments
+    of 16: a share of 0.23 within) keeps `batch_size` x `windows_per_batch`. The stream serves what
+    the module decided."""
+    generate(MQARSettings(**SMALL, min_distance=6, max_distance=20), tmp_path / "mqar")
+    files = {split: str(tmp_path / "mqar" / f"{split}.txt") for split in SPLITS}
+    layout = FarTextLayout(max_within=0.1, batch_size=2, windows_per_batch=4)
+    data = LMDataModule(
+        "text_files", files=files, tokenizer="words", batch_size=4, windows_per_batch=2, tgt_len=tgt_len,
+        train_targets="marked", far_text_layout=layout, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    data.prepare_data()
+    with caplog.at_level("INFO"):
+        data.setup()
+    far = tgt_len == 6
+    assert (data.train_answers_within_segment < 0.1) == far
+    rows, segments = (2, 4) if far else (4, 2)
+    assert (data.batch_size, data.windows_per_batch) == (rows, segments)
+    assert next(iter(data.stream("train", train=True)))["input"].shape == (rows, segments, tgt_len)
+    said = [r.getMessage() for r in caplog.records if "far_text_layout" in r.getMessage()]
+    if far:
+        assert said == [
+            "longctx: 0.0% of the training answers are bound within their segment (under "
+            "data.far_text_layout.max_within 10%): training batches of 2 rows x 4 segments "
+            "(data.far_text_layout), not 4 x 2"
+        ]
+    else:
+        assert said == []
+
+
+def test_the_far_text_layout_needs_answers_and_a_sound_layout():
+    with pytest.raises(ValueError, match=r"^data.far_text_layout decides .* needs data.train_targets marked"):
+        LMDataModule("text_files", tokenizer="words", far_text_layout=FarTextLayout())
+    with pytest.raises(
+        ValueError, match=r"^data.far_text_layout.max_within is a share in \(0, 1\], got 0.0$"
+    ):
+        FarTextLayout(max_within=0.0)
+    with pytest.raises(ValueError, match=r"^data.far_text_layout: batch_size and windows_per_batch must"):
+        FarTextLayout(windows_per_batch=0)
 
 
 def test_training_on_marked_targets_needs_marks(tmp_path):

@@ -79,6 +79,8 @@ def test_methods_share_the_text_the_budget_and_the_size(method):
     assert text == ("text_files", "words", 32, 32)
     assert data["files"]["train"] == "runs/recall_tiny/data/mqar/train.txt"
     assert data["batch_size"] * data["windows_per_batch"] * data["tgt_len"] == TOKENS_PER_STEP
+    if far := data.get("far_text_layout"):  # the layout far text trains in: the same tokens a step
+        assert far["batch_size"] * far["windows_per_batch"] * data["tgt_len"] == TOKENS_PER_STEP
     assert trainer["max_steps"] == 8000 and config["recall_stop"]["min_acc"] == 0.99
     network = init.get("network") or init["gpt2_config"]
     width = network.get("d_model") or network.get("n_embd")

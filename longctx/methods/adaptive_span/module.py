@@ -63,7 +63,8 @@ class AdaptiveSpanLM(LMBase):
             k`, with `data.train_wrap: restart`), read in order with the cache carried with its
             gradient and detached at the batch's end (truncated BPTT over k segments, `LMBase`; the
             penalty is the mean over the k segments); 1: the cache detached after every segment, as
-            the code's `h_cache`.
+            the code's `h_cache`; None: as many as each training batch holds (the data module's
+            layout, which its `far_text_layout` may choose from the text).
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
@@ -81,7 +82,7 @@ class AdaptiveSpanLM(LMBase):
         network: SpanTransformer.Config = SpanTransformer.Config(),  # noqa: B008 (frozen: immutable)
         span_loss: float = 0.5e-6,
         eval_span_cap: int | None = None,
-        tbptt_segments: int = 1,
+        tbptt_segments: int | None = 1,
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -91,8 +92,10 @@ class AdaptiveSpanLM(LMBase):
         self.save_hyperparameters()
         if span_loss < 0:
             raise ValueError(f"span_loss (λ) must be >= 0, got {span_loss}")
-        if tbptt_segments < 1:
-            raise ValueError(f"tbptt_segments must be 1 or more, got {tbptt_segments}")
+        if tbptt_segments is not None and tbptt_segments < 1:
+            raise ValueError(
+                f"tbptt_segments must be 1 or more (or null: as the batches hold), got {tbptt_segments}"
+            )
         if eval_span_cap is not None and not 1 <= eval_span_cap <= network.attn_span:
             raise ValueError(
                 f"eval_span_cap must be in [1, attn_span = {network.attn_span}], got {eval_span_cap}"

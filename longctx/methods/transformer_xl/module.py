@@ -96,7 +96,8 @@ class TransformerXLLM(LMBase):
         tbptt_segments: k, the segments of each row a training batch holds (`data.windows_per_batch:
             k`), read in order with the memory carried with its gradient and detached at the batch's
             end (truncated BPTT over k segments, `LMBase`); 1: the paper's stop-gradient on the
-            memory at every segment.
+            memory at every segment; None: as many as each training batch holds (the data module's
+            layout, which its `far_text_layout` may choose from the text).
         mem_warmup_steps: train with memory 0 (as Transformer+RPE) for the first N optimizer steps,
             then with `mem_len`: a memory-length curriculum, not in the paper (0: off). Attention
             that starts spread over a long memory learns a sharp match later; without the memory the
@@ -128,7 +129,7 @@ class TransformerXLLM(LMBase):
         protocol: Protocol = "xl",
         trams: TramsSettings | None = None,
         log_attention_mass: bool = False,
-        tbptt_segments: int = 1,
+        tbptt_segments: int | None = 1,
         mem_warmup_steps: int = 0,
         mem_warmup_min_within: float = 0.0,
         optimizer: OptimizerCallable = torch.optim.Adam,
@@ -142,8 +143,10 @@ class TransformerXLLM(LMBase):
             raise ValueError(f"mem_len ({mem_len}) and clamp_len ({clamp_len}) must be >= 0")
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
-        if tbptt_segments < 1:
-            raise ValueError(f"tbptt_segments must be 1 or more, got {tbptt_segments}")
+        if tbptt_segments is not None and tbptt_segments < 1:
+            raise ValueError(
+                f"tbptt_segments must be 1 or more (or null: as the batches hold), got {tbptt_segments}"
+            )
         if mem_warmup_steps < 0:
             raise ValueError(f"mem_warmup_steps must be >= 0, got {mem_warmup_steps}")
         if not 0.0 <= mem_warmup_min_within <= 1.0:
@@ -257,7 +260,7 @@ class TransformerXLLM(LMBase):
             trams=self.trams if evaluating else None,
             need_mass=need_mass,
             cache_kv=evaluating and self.eval_cache_kv,
-            carry_gradient=not evaluating and self.tbptt_segments > 1,
+            carry_gradient=not evaluating and self.tbptt_segments != 1,  # None: the batch decides
         )
         nll = self.net.nll(out.hidden, batch["target"])  # (B, n)
         mask = drop_last_scored(batch["mask"]) if evaluating and self.protocol == "trams" else None
