@@ -34,8 +34,8 @@ from longctx.data.cache import (
 )
 from longctx.data.corpora import get_corpus
 from longctx.data.induction import induction_marks
-from longctx.data.layout import FarTextLayout
-from longctx.data.streams import SegmentStream, Wrap, evaluation_row_start
+from longctx.data.layout import FAR_TEXT_LAYOUT_SETTINGS, FarTextLayout
+from longctx.data.streams import LAYOUT_SETTINGS, SegmentStream, Wrap, evaluation_row_start
 from longctx.data.synth import load_marks, marks_path
 from longctx.data.text_files import TextFileError, check_split_tokens, check_text_files
 from longctx.data.tokenize import EOS, WordVocab
@@ -228,6 +228,7 @@ class LMDataModule(pl.LightningDataModule):
         self.eval_overlap = overlap if eval_overlap is None else eval_overlap
         self.windows_per_batch = windows_per_batch
         self.far_text_layout = far_text_layout
+        self._most_train_rows = most_rows  # what the token checks size the train file for, either layout
         self.word_convention = word_convention
         self._corpus: TokenizedCorpus | None = None
         self.train_targets = train_targets
@@ -300,7 +301,7 @@ class LMDataModule(pl.LightningDataModule):
             corpus = load_corpus(self.spec)
             if self.info.user_files:
                 eval_shape = (self.eval_batch_size, self.eval_tgt_len)
-                needs = batch_tokens((self.batch_size, self.tgt_len), eval_shape)
+                needs = batch_tokens((self._most_train_rows, self.tgt_len), eval_shape)
                 for split, file in self.spec.user_files().items():
                     check_split_tokens(split, file, len(corpus.split(split).tokens), needs[split])
             self._corpus = corpus
@@ -311,7 +312,7 @@ class LMDataModule(pl.LightningDataModule):
                 self._train_scored = np.zeros(len(corpus.split("train").tokens), dtype=bool)
                 self._train_scored[train_marks.offset] = True
                 self._train_within = train_marks.within_segment(self.tgt_len)
-                self._choose_training_layout()
+                self._say_far_text_layout()
             for split, rate in self.out_of_vocabulary().items():
                 if rate["oov_tokens"]:
                     rank_zero_info(
@@ -320,18 +321,28 @@ class LMDataModule(pl.LightningDataModule):
                         "lacks, scored as <unk>"
                     )
 
-    def _choose_training_layout(self) -> None:
-        """Train far text (`far_text_layout`) in its own layout, saying so in one line."""
-        layout = self.far_text_layout
-        if layout is None or not layout.applies(self._train_within):
-            return
-        rank_zero_info(
-            f"longctx: {self._train_within:.1%} of the training answers are bound within their segment "
-            f"(under data.far_text_layout.max_within {layout.max_within:.0%}): training batches of "
-            f"{layout.batch_size} rows x {layout.windows_per_batch} segments (data.far_text_layout), not "
-            f"{self.batch_size} x {self.windows_per_batch}"
-        )
-        self.batch_size, self.windows_per_batch = layout.batch_size, layout.windows_per_batch
+    @property
+    def train_layout(self) -> tuple[int, int]:
+        """(rows, windows or segments per row) of the training batches: `far_text_layout`'s on far
+        text (known after `setup`), else `batch_size` x `windows_per_batch`."""
+        far = self._far_text_layout_in_use
+        return (far.batch_size, far.windows_per_batch) if far else (self.batch_size, self.windows_per_batch)
+
+    @property
+    def _far_text_layout_in_use(self) -> FarTextLayout | None:
+        """`far_text_layout` when the training text is far text (`FarTextLayout.applies`), else None."""
+        far = self.far_text_layout
+        return far if far is not None and far.applies(self._train_within) else None
+
+    def _say_far_text_layout(self) -> None:
+        """One line when the training text is far text and trains in `far_text_layout`'s layout."""
+        if (far := self._far_text_layout_in_use) is not None:
+            rank_zero_info(
+                f"longctx: {self._train_within:.1%} of the training answers are bound within their segment "
+                f"(under data.far_text_layout.max_within {far.max_within:.0%}): training batches of "
+                f"{far.batch_size} rows x {far.windows_per_batch} segments (data.far_text_layout), not "
+                f"{self.batch_size} x {self.windows_per_batch}"
+            )
 
     def target_marks(self, split: str) -> TargetMarks | None:
         """The marked targets of an evaluation split ("valid" or "test"): `text_files` whose file has a
@@ -473,8 +484,10 @@ class LMDataModule(pl.LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         windows = self.mode == "windows"
-        batch_size = self.batch_size if train else self.eval_batch_size
+        batch_size = self.train_layout[0] if train else self.eval_batch_size
         seq_len = self.tgt_len if train else self.eval_tgt_len
+        far_layout = train and self._far_text_layout_in_use is not None
+        settings = LAYOUT_SETTINGS | FAR_TEXT_LAYOUT_SETTINGS if far_layout else LAYOUT_SETTINGS
         try:
             return SegmentStream(
                 data.tokens,
@@ -490,6 +503,7 @@ class LMDataModule(pl.LightningDataModule):
                 seed=self.hparams.seed,
                 wrap=self.hparams.train_wrap if train else "restart",
                 scored=self._train_scored if train else None,
+                settings=settings,
             )
         except ValueError as err:
             raise ValueError(f"{self.info.name} {split} split: {err}") from err
@@ -497,9 +511,10 @@ class LMDataModule(pl.LightningDataModule):
     def _windows_per_batch(self, train: bool) -> int | None:
         """The stream's K: window mode's, 1 at evaluation; segment mode's training K when above 1
         (truncated BPTT over K segments), else None: one segment per batch, (B, L)."""
+        windows = self.train_layout[1]
         if self.mode == "windows":
-            return self.windows_per_batch if train else 1
-        return self.windows_per_batch if train and self.windows_per_batch > 1 else None
+            return windows if train else 1
+        return windows if train and windows > 1 else None
 
     def train_dataloader(self) -> SegmentStream:
         stream = self.stream("train", train=True)

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The settings that decide a stream's layout fields when far text trains in `FarTextLayout`'s layout
+# (`SegmentStream`'s `settings`: a refused resume names the setting to change back).
+FAR_TEXT_LAYOUT_SETTINGS = {
+    "batch_size": "data.far_text_layout.batch_size",
+    "windows_per_batch": "data.far_text_layout.windows_per_batch",
+}
+
 
 @dataclass(frozen=True)
 class FarTextLayout:

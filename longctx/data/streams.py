@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -181,6 +181,8 @@ class SegmentStream:
             `h_cache` is at the wrap. Contiguous text in segment mode only.
         scored: (len(tokens),) bool, which targets count (by their index in `tokens`): `mask` is
             False elsewhere (zoology's loss on the recall answers only); None: every target.
+        settings: the data setting each layout field comes from, named when a resumed state of
+            another layout is refused (`LAYOUT_SETTINGS`, or where another setting decided a field).
 
     Yields dicts `input`, `target`, `mask` (B, L) or (B, K, T) and `reset` (B,) or (B, K), plus
     `offset` (the shape of `target`: each target's index in `tokens`, -1 on padding) when `pad`
@@ -205,6 +207,7 @@ class SegmentStream:
         seed: int = 0,
         wrap: Wrap = "restart",
         scored: np.ndarray | None = None,
+        settings: Mapping[str, str] = LAYOUT_SETTINGS,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch size must be positive, got {batch_size}")
@@ -252,6 +255,7 @@ class SegmentStream:
         if scored is not None and scored.shape != tokens.shape:
             raise ValueError(f"scored has shape {scored.shape}; it names the split's {len(tokens)} tokens")
         self.scored = scored
+        self.settings = settings
         self.local_rows = range(rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
         self.epoch = 0
         self.offset = 0  # where each row starts this epoch (wrap: random_offset)
@@ -425,7 +429,7 @@ class SegmentStream:
                     f"{_count(value)}: the run was trained on other data ({settings}); resume with the data "
                     f"it was trained on, {fresh}"
                 )
-            setting = LAYOUT_SETTINGS[key]
+            setting = self.settings[key]
             raise StreamMismatch(
                 f"the checkpoint's training stream was cut with {setting} {_flag_value(state[key])}, this "
                 f"run has {_flag_value(value)}: the stream cannot resume where it stopped with another "

@@ -21,6 +21,7 @@ from longctx.commands.data import main as data_main
 from longctx.data.datamodule import LMDataModule
 from longctx.data.layout import FarTextLayout
 from longctx.data.mqar import MQARSettings, generate
+from longctx.data.streams import SegmentStream, StreamMismatch
 from longctx.data.synth import load_marks
 from longctx.data.text_files import TextFileError
 from tests.helpers.methods import tiny as tiny_method
@@ -301,7 +302,8 @@ def test_far_text_trains_in_its_own_layout(tmp_path, tgt_len, caplog):
     far = tgt_len == 6
     assert (data.train_answers_within_segment < 0.1) == far
     rows, segments = (2, 4) if far else (4, 2)
-    assert (data.batch_size, data.windows_per_batch) == (rows, segments)
+    assert data.train_layout == (rows, segments)
+    assert (data.batch_size, data.windows_per_batch) == (4, 2)  # the configured layout stays as set
     assert next(iter(data.stream("train", train=True)))["input"].shape == (rows, segments, tgt_len)
     said = [r.getMessage() for r in caplog.records if "far_text_layout" in r.getMessage()]
     if far:
@@ -312,6 +314,32 @@ def test_far_text_trains_in_its_own_layout(tmp_path, tgt_len, caplog):
         ]
     else:
         assert said == []
+
+
+def test_a_far_text_stream_refuses_another_layout_naming_the_far_setting(tmp_path):
+    """A resumed fit whose far layout changed is refused with the setting that decided it
+    (`data.far_text_layout.batch_size`), not `data.batch_size`, which did not."""
+    generate(MQARSettings(**SMALL, min_distance=6, max_distance=20), tmp_path / "mqar")
+    files = {split: str(tmp_path / "mqar" / f"{split}.txt") for split in SPLITS}
+
+    def far_stream(rows: int) -> SegmentStream:
+        data = LMDataModule(
+            "text_files", files=files, tokenizer="words", batch_size=4, windows_per_batch=2, tgt_len=6,
+            train_targets="marked", far_text_layout=FarTextLayout(batch_size=rows, windows_per_batch=4),
+            cache_dir=str(tmp_path / "cache"),
+        )  # fmt: skip
+        data.prepare_data()
+        data.setup()
+        return data.stream("train", train=True)
+
+    saved = far_stream(2)
+    next(iter(saved))
+    with pytest.raises(
+        StreamMismatch,
+        match=r"^the checkpoint's training stream was cut with data\.far_text_layout\.batch_size 2, this run "
+        r"has 4: .*; resume with --data\.far_text_layout\.batch_size 2, or start a fresh run",
+    ):
+        far_stream(4).load_state_dict(saved.state_dict())
 
 
 def test_the_far_text_layout_needs_answers_and_a_sound_layout():
