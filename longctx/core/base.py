@@ -119,6 +119,12 @@ def detach_memory(memory: Memory) -> Memory:
     return tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, memory)
 
 
+def check_tbptt_segments(k: int | None) -> None:
+    """Refuse a `tbptt_segments` under 1 (None: as many as each training batch holds)."""
+    if k is not None and k < 1:
+        raise ValueError(f"tbptt_segments must be 1 or more (or null: as the batches hold), got {k}")
+
+
 class LMBase(pl.LightningModule):
     """Shared base of the language-model modules (see docs/architecture.md for the contract)."""
 

@@ -46,11 +46,19 @@ def adaptive_span(tbptt_segments: int | None, n_layers: int = 2):
     return tiny("adaptive_span", network=network, tbptt_segments=tbptt_segments).train()
 
 
+def compressive(tbptt_segments: int | None, n_layers: int = 2):
+    """A tiny Compressive Transformer whose memory holds one segment (n_m = 8) and whose compressed
+    memory 4 slots at c = 2 (the segment before it)."""
+    torch.manual_seed(0)
+    network = {"n_layers": n_layers}
+    return tiny("compressive_transformer", network=network, tbptt_segments=tbptt_segments).train()
+
+
 def embedding(model) -> torch.nn.Module:
     return model.net.word_emb if hasattr(model.net, "word_emb") else model.net.in_emb
 
 
-METHODS = {"transformer_xl": xl, "adaptive_span": adaptive_span}
+METHODS = {"transformer_xl": xl, "adaptive_span": adaptive_span, "compressive_transformer": compressive}
 
 
 def outside_a_trainer(model):
@@ -133,6 +141,28 @@ def test_one_segment_per_batch_keeps_the_papers_stop_gradient():
     assert not any(h.requires_grad for h in memory.hidden)
 
 
+def test_the_compressive_transformer_carries_the_graph_of_its_memory_alone():
+    """Under truncated BPTT the Compressive Transformer's memory n_m keeps its graph within a batch; its
+    compressed memory stays a stop-gradient and f_c learns from the reconstruction loss alone (§3.2):
+    the language-model loss leaves f_c without a gradient, and the reconstruction loss leaves the
+    main network without one."""
+    model = outside_a_trainer(compressive(K))
+    first = segment_batches(K)[0]
+    out = model._train_segments(first)
+    assert model.net.learns_compression and out.memory.compressed_valid.any()
+    assert all(h.requires_grad for h in out.memory.hidden)
+    assert not any(c.requires_grad for c in out.memory.compressed)
+    compression = {id(p) for p in model.net.compression_parameters()}
+    out.nll.sum().backward()
+    for name, p in model.named_parameters():
+        assert (p.grad is None) == (id(p) in compression), name
+    model.zero_grad(set_to_none=True)
+    out = model._train_segments(first)
+    out.extra_loss.backward()
+    for name, p in model.named_parameters():
+        assert (p.grad is not None and p.grad.abs().sum() > 0) == (id(p) in compression), name
+
+
 def test_batches_of_another_number_of_segments_are_one_line_errors():
     batch = segment_batches(K)[0]
     one = {key: value[:, 0] for key, value in batch.items()}
@@ -145,10 +175,8 @@ def test_batches_of_another_number_of_segments_are_one_line_errors():
         xl(2)._train_segments(batch)
     with pytest.raises(DataMismatch, match=r"hold 1 segment per row .*: set data\.windows_per_batch: 2$"):
         xl(2)._train_segments(one)
-    with pytest.raises(
-        DataMismatch, match=r"^CompressiveTransformerLM trains on one segment per batch \(it has no"
-    ):
-        tiny("compressive_transformer").train()._train_segments(batch)
+    with pytest.raises(DataMismatch, match=r"^WindowTransformerLM trains on one segment per batch \(it has"):
+        tiny("window_transformer").train()._train_segments(batch)
     with pytest.raises(
         ValueError, match=r"^tbptt_segments must be 1 or more \(or null: as the batches hold\), got 0$"
     ):

@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from longctx.core.base import LMBase, StepOutput
+from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
 from longctx.core.recall import target_is_argmax
 from longctx.diagnostics.axes import Axis
 from longctx.diagnostics.footprint import feed_forward_elements
@@ -92,10 +92,7 @@ class AdaptiveSpanLM(LMBase):
         self.save_hyperparameters()
         if span_loss < 0:
             raise ValueError(f"span_loss (λ) must be >= 0, got {span_loss}")
-        if tbptt_segments is not None and tbptt_segments < 1:
-            raise ValueError(
-                f"tbptt_segments must be 1 or more (or null: as the batches hold), got {tbptt_segments}"
-            )
+        check_tbptt_segments(tbptt_segments)
         if eval_span_cap is not None and not 1 <= eval_span_cap <= network.attn_span:
             raise ValueError(
                 f"eval_span_cap must be in [1, attn_span = {network.attn_span}], got {eval_span_cap}"

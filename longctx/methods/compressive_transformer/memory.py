@@ -4,7 +4,8 @@ Per layer a memory of the last n_m layer inputs (as Transformer-XL's, `transform
 compressed memory of n_cm slots. After a segment of n_s states, the oldest states of [memory, segment]
 beyond n_m are evicted; the network compresses them with the layer's f_c at rate c (`compression.py`)
 and appends the result to the compressed memory, whose oldest slots drop out beyond n_cm. Both are
-first-in first-out and hold detached states.
+first-in first-out and hold detached states (the memory keeps its graph within a training batch
+under truncated BPTT, `CompressiveSegment.eviction`).
 
 Eviction works in whole groups of c: when the overflow is not a multiple of c (a partial memory, or
 n_s and n_m not multiples of c), the memory keeps the remainder (at most c − 1 extra slots) until a
@@ -90,9 +91,9 @@ class CompressiveMemory(NamedTuple):
 class Eviction(NamedTuple):
     """The memory after a segment and what left it.
 
-    hidden, valid: the new memory (detached); evicted: per layer (B, e, d), the states that left it,
-    oldest first (detached; e is a multiple of c whenever they are to be compressed);
-    evicted_valid: (B, e).
+    hidden, valid: the new memory (detached, unless its graph is carried); evicted: per layer
+    (B, e, d), the states that left it, oldest first (detached; e is a multiple of c whenever they
+    are to be compressed); evicted_valid: (B, e).
     """
 
     hidden: list[Tensor]
@@ -172,16 +173,23 @@ class CompressiveSegment:
         if self.need_compressed_mass:
             self.compressed_mass.append(out.probs[..., : self.n_cm].sum(-1).mean().detach())
 
-    @torch.no_grad()
-    def eviction(self) -> Eviction:
-        """Each layer's memory with its segment input appended, and the states evicted from its old end."""
-        valid = self.fifo.append(
-            self.memory.valid, self.memory.valid.new_ones(self.memory.valid.shape[0], self.n)
-        )
-        states = [
-            self.fifo.append(m.to(h.dtype), h.detach()) for m, h in zip(self.memory.hidden, self.inputs)
-        ]
-        return Eviction([s.kept for s in states], valid.kept, [s.evicted for s in states], valid.evicted)
+    def eviction(self, carry_gradient: bool = False) -> Eviction:
+        """Each layer's memory with its segment input appended, and the states evicted from its old end.
+
+        carry_gradient: keep the memory's graph (truncated backpropagation through the segments of a
+        training batch, the module's `tbptt_segments`; not in the paper, as Transformer-XL's). What
+        leaves the memory is detached either way: f_c learns from its reconstruction loss alone and the
+        compressed memory stays a stop-gradient (§3.2)."""
+        with torch.set_grad_enabled(carry_gradient and torch.is_grad_enabled()):
+            valid = self.fifo.append(
+                self.memory.valid, self.memory.valid.new_ones(self.memory.valid.shape[0], self.n)
+            )
+            states = [
+                self.fifo.append(m.to(h.dtype), h if carry_gradient else h.detach())
+                for m, h in zip(self.memory.hidden, self.inputs)
+            ]
+        evicted = [s.evicted.detach() for s in states]
+        return Eviction([s.kept for s in states], valid.kept, evicted, valid.evicted)
 
     @torch.no_grad()
     def kept(

@@ -42,7 +42,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
-from longctx.core.base import LMBase, StepOutput
+from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
 from longctx.core.run_settings import first_set
 from longctx.diagnostics.axes import Axis, knob_flag
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
@@ -50,6 +50,7 @@ from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.context_axes import MEMORY
+from longctx.methods.transformer_xl.memory_warmup import MemoryWarmup, check_memory_warmup
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ COMPRESSED = Axis(
 )
 
 
-class CompressiveTransformerLM(LMBase):
+class CompressiveTransformerLM(MemoryWarmup, LMBase):
     """Compressive Transformer language model.
 
     Args:
@@ -100,6 +101,15 @@ class CompressiveTransformerLM(LMBase):
         log_compressed_attention: log the attention on the compressed memory at evaluation. Off by
             default: the fused kernels return no probabilities, so this runs the evaluation
             attention op by op (the tiny and enwik8 configs turn it on).
+        tbptt_segments: k, the segments of each row a training batch holds, read in order with the
+            memory n_m carried with its gradient and detached at the batch's end (truncated BPTT,
+            `LMBase`; not in the paper, as Transformer-XL's); the compressed memory stays a
+            stop-gradient and f_c learns from its reconstruction loss alone. 1: the paper's
+            stop-gradient on both memories; None: as many as each training batch holds.
+        mem_warmup_steps, mem_warmup_min_within: train with both memories off (n_m = n_cm = 0) for
+            the first N optimizer steps, on text with at least that share of its answers bound within
+            their segment (Transformer-XL's curriculum, `transformer_xl/memory_warmup.py`; not in
+            the paper).
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
     """
 
@@ -121,6 +131,9 @@ class CompressiveTransformerLM(LMBase):
         reconstruction_weight: float = 1.0,
         compression_lr: float | None = None,
         log_compressed_attention: bool = False,
+        tbptt_segments: int | None = 1,
+        mem_warmup_steps: int = 0,
+        mem_warmup_min_within: float = 0.0,
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -135,7 +148,12 @@ class CompressiveTransformerLM(LMBase):
         lengths.update({f"eval_{k}": v for k, v in dataclasses.asdict(evaluation).items()})
         if negative := [k for k, v in lengths.items() if (v or 0) < 0]:
             raise ValueError(f"{', '.join(negative)} must be >= 0")
+        check_tbptt_segments(tbptt_segments)
+        check_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
         self.net = network.build_within(vocab_size, say=rank_zero_info)
+        self.tbptt_segments = tbptt_segments
+        self.mem_warmup_steps = mem_warmup_steps
+        self.mem_warmup_min_within = mem_warmup_min_within
         self.reconstruction_weight = reconstruction_weight
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention
@@ -143,6 +161,12 @@ class CompressiveTransformerLM(LMBase):
     # ------------------------------------------------------------------ memory
     def init_memory(self, batch_size: int) -> CompressiveMemory:
         return self.net.empty_memory(batch_size)
+
+    def training_lengths(self) -> CompressiveLengths:
+        """The training memories at this optimizer step: none during `mem_warmup_steps`."""
+        if self.warming_up:
+            return dataclasses.replace(self.train_lengths, mem_len=0, cmem_len=0)
+        return self.train_lengths
 
     # ------------------------------------------------------------------ cost
     @classmethod
@@ -192,7 +216,7 @@ class CompressiveTransformerLM(LMBase):
         evaluating = not self.training
         learns = self.net.learns_compression
         need_mass = evaluating and self.log_compressed_attention
-        lengths = self.eval_lengths if evaluating else self.train_lengths
+        lengths = self.eval_lengths if evaluating else self.training_lengths()
         out = self.net(
             x,
             memory,
@@ -200,6 +224,7 @@ class CompressiveTransformerLM(LMBase):
             need_reconstruction=learns,
             need_compressed_mass=need_mass,
             cache_kv=evaluating and self.eval_cache_kv,
+            carry_gradient=not evaluating and self.tbptt_segments != 1,  # None: the batch decides
         )
         nll = self.net.nll(out.hidden, batch["target"])  # (B, n)
         logs: dict[str, Tensor | float] = {}

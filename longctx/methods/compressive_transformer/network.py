@@ -142,13 +142,16 @@ class CompressiveTransformer(TransformerXL):
         need_reconstruction: bool = False,
         need_compressed_mass: bool = False,
         cache_kv: bool = False,
+        carry_gradient: bool = False,
     ) -> CompressiveOutput:
         """x: (B, n) token ids; memory: `CompressiveMemory`; mem_len, cmem_len: n_m and n_cm kept for the
         next segment (cmem_len 0: Transformer-XL); clamp_len: cap of relative positions (0 = none);
         same_length: every query sees min(n_m + n_cm, ·) memory keys; need_reconstruction: compute
         the loss that trains f_c; need_compressed_mass: the attention on the compressed memory;
         cache_kv (evaluation, no gradients): read the memories' keys and values from the memory's
-        caches when it has them and return the new memory with them (`CompressiveMemory.kv`)."""
+        caches when it has them and return the new memory with them (`CompressiveMemory.kv`);
+        carry_gradient: the memory (not the compressed memory) kept with its graph (truncated BPTT
+        over several segments, in training)."""
         compressing = cmem_len > 0
         segment = CompressiveSegment(
             memory,
@@ -162,7 +165,7 @@ class CompressiveTransformer(TransformerXL):
             need_compressed_mass=need_compressed_mass,
         )
         hidden, attns = self.attend(x, segment, clamp_len, need_mass, need_weights)
-        eviction = segment.eviction()
+        eviction = segment.eviction(carry_gradient)
         new = new_valid = new_kv = None
         if compressing and segment.fifo.evicted > 0:
             usage = segment.usage or [None] * self.n_layers

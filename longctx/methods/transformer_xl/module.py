@@ -48,12 +48,13 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
-from longctx.core.base import LMBase, StepOutput
+from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
 from longctx.core.run_settings import first_set
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl.context_axes import ATTENDED, MEMORY
 from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
+from longctx.methods.transformer_xl.memory_warmup import MemoryWarmup, check_memory_warmup
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
 
@@ -77,7 +78,7 @@ class EvaluationMemory(MemoryLengths):
             )
 
 
-class TransformerXLLM(LMBase):
+class TransformerXLLM(MemoryWarmup, LMBase):
     """Transformer-XL language model with evaluation-time memory settings and TRAMS.
 
     Args:
@@ -143,14 +144,8 @@ class TransformerXLLM(LMBase):
             raise ValueError(f"mem_len ({mem_len}) and clamp_len ({clamp_len}) must be >= 0")
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
-        if tbptt_segments is not None and tbptt_segments < 1:
-            raise ValueError(
-                f"tbptt_segments must be 1 or more (or null: as the batches hold), got {tbptt_segments}"
-            )
-        if mem_warmup_steps < 0:
-            raise ValueError(f"mem_warmup_steps must be >= 0, got {mem_warmup_steps}")
-        if not 0.0 <= mem_warmup_min_within <= 1.0:
-            raise ValueError(f"mem_warmup_min_within is a fraction in [0, 1], got {mem_warmup_min_within}")
+        check_tbptt_segments(tbptt_segments)
+        check_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
         self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.train_lengths = MemoryLengths(mem_len, clamp_len, same_length)
         self.eval_lengths = evaluation.over(self.train_lengths)
@@ -170,24 +165,9 @@ class TransformerXLLM(LMBase):
         self.mem_warmup_min_within = mem_warmup_min_within
 
     # ------------------------------------------------------------------ memory
-    def on_fit_start(self) -> None:
-        """Drop the memory warm-up when the training text binds too few answers within the segment
-        (`mem_warmup_min_within`), saying so in one line. Decided from the configured
-        `mem_warmup_steps` and this fit's data at every fit start: a resumed fit decides as the first
-        did, and a later fit of the same model on other text decides afresh."""
-        self.mem_warmup_steps = configured = self.hparams.mem_warmup_steps
-        within = getattr(self.data_facts(), "train_answers_within_segment", None)
-        if configured and within is not None and within < self.mem_warmup_min_within:
-            rank_zero_info(
-                f"longctx: {within:.1%} of the training answers are bound within their segment (under "
-                f"mem_warmup_min_within {self.mem_warmup_min_within:.0%}): no memory warm-up, the memory "
-                f"is on from the first step (mem_warmup_steps {configured} skipped)"
-            )
-            self.mem_warmup_steps = 0
-
     def training_lengths(self) -> MemoryLengths:
         """The training memory at this optimizer step: none during `mem_warmup_steps`."""
-        if self.mem_warmup_steps and self.global_step < self.mem_warmup_steps:
+        if self.warming_up:
             return replace(self.train_lengths, mem_len=0)
         return self.train_lengths
 

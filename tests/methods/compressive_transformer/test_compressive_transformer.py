@@ -7,7 +7,9 @@ Lightning module's evaluation sizes, logs and separate gradient clipping."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from functools import partial
+from types import SimpleNamespace
 
 import lightning
 import pytest
@@ -414,6 +416,37 @@ def test_lightning_fit_and_validate_log_the_reconstruction_and_compressed_attent
     metrics = cpu_trainer(tmp_path, limit_val_batches=6).validate(model, datamodule=data, verbose=False)[0]
     assert metrics["val/reconstruction_loss"] > 0 and 0 < metrics["val/compressed_mass"] < 1
     assert metrics["val/flops_per_token"] == model.flops_per_token(8)
+
+
+def test_memory_warmup_trains_without_either_memory_then_with_both(caplog):
+    """`mem_warmup_steps` (Transformer-XL's curriculum, `memory_warmup.py`): before step N the training
+    step reads and keeps neither memory (the loss of the same weights at n_m = n_cm = 0); from step N
+    the configured memories'. Dropped at fit start on text bound beyond the segment, as XL's."""
+    warm, plain, none = tiny(mem_warmup_steps=1), tiny(), tiny(mem_len=0, cmem_len=0)
+    for model in (warm, none):
+        model.load_state_dict(plain.state_dict())
+    stream = torch.randint(0, 64, (2, 41))
+    batches = [{"input": stream[:, i : i + 8], "target": stream[:, i + 1 : i + 9]} for i in range(0, 40, 8)]
+
+    def last_nll(model: CompressiveTransformerLM) -> torch.Tensor:
+        model.train()
+        memory = model.init_memory(2)
+        for batch in batches:  # five segments of 8: n_m = 8 full, states compressed into n_cm
+            out = model.step(batch, memory)
+            memory = out.memory
+        return out.nll
+
+    assert torch.equal(last_nll(warm), last_nll(none))  # global_step 0 < 1
+    assert not torch.allclose(last_nll(plain), last_nll(none))
+    warm.mem_warmup_steps = 0  # the warm-up is over
+    assert torch.equal(last_nll(warm), last_nll(plain))
+    far = tiny(mem_warmup_steps=1000, mem_warmup_min_within=0.1)
+    far._trainer = SimpleNamespace(datamodule=SimpleNamespace(train_answers_within_segment=0.0))
+    with caplog.at_level(logging.INFO):
+        far.on_fit_start()
+    assert far.mem_warmup_steps == 0 and "no memory warm-up" in caplog.text
+    with pytest.raises(ValueError, match="mem_warmup_steps must be >= 0"):
+        tiny(mem_warmup_steps=-1)
 
 
 @pytest.mark.parametrize(
