@@ -43,6 +43,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
+from longctx.core.memory_warmup import MemoryWarmup, check_memory_warmup
 from longctx.core.run_settings import first_set
 from longctx.diagnostics.axes import Axis, knob_flag
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
@@ -50,7 +51,6 @@ from longctx.methods.compressive_transformer import flops as ct_flops
 from longctx.methods.compressive_transformer.memory import CompressiveLengths, CompressiveMemory
 from longctx.methods.compressive_transformer.network import CompressiveTransformer
 from longctx.methods.transformer_xl.context_axes import MEMORY
-from longctx.methods.transformer_xl.memory_warmup import MemoryWarmup, check_memory_warmup
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class CompressiveTransformerLM(MemoryWarmup, LMBase):
             stop-gradient on both memories; None: as many as each training batch holds.
         mem_warmup_steps, mem_warmup_min_within: train with both memories off (n_m = n_cm = 0) for
             the first N optimizer steps, on text with at least that share of its answers bound within
-            their segment (Transformer-XL's curriculum, `transformer_xl/memory_warmup.py`; not in
+            their segment (Transformer-XL's curriculum, `longctx/core/memory_warmup.py`; not in
             the paper).
         vocab_size, optimizer, lr_scheduler: see `LMBase`.
     """

@@ -49,12 +49,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
+from longctx.core.memory_warmup import MemoryWarmup, check_memory_warmup
 from longctx.core.run_settings import first_set
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.transformer_xl import flops as xl_flops
 from longctx.methods.transformer_xl.context_axes import ATTENDED, MEMORY
 from longctx.methods.transformer_xl.memory import MemoryLengths, XLMemory
-from longctx.methods.transformer_xl.memory_warmup import MemoryWarmup, check_memory_warmup
 from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.trams import TramsSettings
 

@@ -419,9 +419,9 @@ def test_lightning_fit_and_validate_log_the_reconstruction_and_compressed_attent
 
 
 def test_memory_warmup_trains_without_either_memory_then_with_both(caplog):
-    """`mem_warmup_steps` (Transformer-XL's curriculum, `memory_warmup.py`): before step N the training
-    step reads and keeps neither memory (the loss of the same weights at n_m = n_cm = 0); from step N
-    the configured memories'. Dropped at fit start on text bound beyond the segment, as XL's."""
+    """`mem_warmup_steps` (Transformer-XL's curriculum, `longctx/core/memory_warmup.py`): before step N
+    the training step reads and keeps neither memory (the loss of the same weights at n_m = n_cm = 0);
+    from step N the configured memories'. Dropped at fit start on text bound beyond the segment, as XL's."""
     warm, plain, none = tiny(mem_warmup_steps=1), tiny(), tiny(mem_len=0, cmem_len=0)
     for model in (warm, none):
         model.load_state_dict(plain.state_dict())

@@ -1,6 +1,6 @@
-"""The memory warm-up of the segment-memory methods (Transformer-XL, the Compressive Transformer): train
-with no memory for the first N optimizer steps, then with the configured memory. A memory-length
-curriculum, not in either paper: attention that starts spread over a long memory learns a sharp match
+"""The memory warm-up a segment-memory method may take (`mem_warmup_steps`): train with no memory for the
+first N optimizer steps, then with the configured memory. A memory-length curriculum, in none of the
+papers: attention that starts spread over a long memory learns a sharp match
 later; without the memory the same heads first learn what lies within the segment, then read the
 memory with it (docs/long_range.md "Recall": the recipe's seeds).
 
@@ -26,7 +26,7 @@ def check_memory_warmup(steps: int, min_within: float) -> None:
 class MemoryWarmup:
     """`mem_warmup_steps` and `mem_warmup_min_within` for an `LMBase` method that saves them as
     hyperparameters: `on_fit_start` decides the warm-up this fit runs, `warming_up` says whether the
-    current optimizer step trains without memory."""
+    current optimizer step trains without memory (the method then runs its step at memory length 0)."""
 
     mem_warmup_steps: int = 0
     mem_warmup_min_within: float = 0.0
