@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
+from longctx.core.memory_warmup import MemoryWarmup, check_memory_warmup
 from longctx.core.recall import target_is_argmax
 from longctx.diagnostics.axes import Axis
 from longctx.diagnostics.footprint import feed_forward_elements
@@ -46,7 +47,7 @@ SPAN_CAP = Axis(
 )
 
 
-class AdaptiveSpanLM(LMBase):
+class AdaptiveSpanLM(MemoryWarmup, LMBase):
     """Character-level sequential transformer with adaptive, dynamic or fixed attention spans.
 
     Args:
@@ -65,6 +66,14 @@ class AdaptiveSpanLM(LMBase):
             penalty is the mean over the k segments); 1: the cache detached after every segment, as
             the code's `h_cache`; None: as many as each training batch holds (the data module's
             layout, which its `far_text_layout` may choose from the text).
+        mem_warmup_steps: for the first N optimizer steps every head attends at most R (`span_ramp`)
+            back, what an adaptive span attends at its start (z' = 0: the ramp alone), then its span:
+            a span curriculum, not in the paper, that gives fixed spans (all S from the first step)
+            the short start adaptive spans have (docs/long_range.md "Recall, tiny": fixed span S =
+            160 learned nothing in 2,000 steps without it). 0: off.
+        mem_warmup_min_within: the warm-up runs only on training text with at least this share of
+            its answers bound within their segment (`longctx/core/memory_warmup.py`, as
+            Transformer-XL's).
         vocab_size, optimizer, lr_scheduler: see `LMBase`. The default optimizer is the paper's
             `ClippedAdagrad` (lr 0.07, clip 0.03); the paper warms up linearly over 32k steps
             (`WarmupStepDecay`). A config that switches the optimizer class should give all its
@@ -83,6 +92,8 @@ class AdaptiveSpanLM(LMBase):
         span_loss: float = 0.5e-6,
         eval_span_cap: int | None = None,
         tbptt_segments: int | None = 1,
+        mem_warmup_steps: int = 0,
+        mem_warmup_min_within: float = 0.0,
         optimizer: OptimizerCallable = ClippedAdagrad,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -93,6 +104,12 @@ class AdaptiveSpanLM(LMBase):
         if span_loss < 0:
             raise ValueError(f"span_loss (λ) must be >= 0, got {span_loss}")
         check_tbptt_segments(tbptt_segments)
+        check_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
+        if mem_warmup_steps and network.span_ramp < 1:
+            raise ValueError(
+                "mem_warmup_steps caps the spans at the ramp R (network.span_ramp), which is 0: set "
+                "network.span_ramp >= 1 or mem_warmup_steps: 0"
+            )
         if eval_span_cap is not None and not 1 <= eval_span_cap <= network.attn_span:
             raise ValueError(
                 f"eval_span_cap must be in [1, attn_span = {network.attn_span}], got {eval_span_cap}"
@@ -101,6 +118,8 @@ class AdaptiveSpanLM(LMBase):
         self.span_loss = span_loss
         self.eval_span_cap = eval_span_cap
         self.tbptt_segments = tbptt_segments
+        self.mem_warmup_steps = mem_warmup_steps
+        self.mem_warmup_min_within = mem_warmup_min_within
         self._last_spans: list[Tensor] = []
 
     # ------------------------------------------------------------------ memory
@@ -110,7 +129,7 @@ class AdaptiveSpanLM(LMBase):
     # ------------------------------------------------------------------ step
     def step(self, batch: dict[str, Tensor], memory: SpanCache) -> StepOutput:
         x = batch["input"]
-        out = self.net(x, memory, span_cap=None if self.training else self.eval_span_cap)
+        out = self.net(x, memory, span_cap=self.span_cap())
         nll = full_softmax_nll(out.logits, batch["target"])  # (B, M)
         correct = target_is_argmax(out.logits, batch["target"]) if self.wants_correct else None
         extra_loss = None
@@ -122,6 +141,13 @@ class AdaptiveSpanLM(LMBase):
                 extra_loss = self.span_loss * out.penalty
             logs = self._span_logs(out)
         return StepOutput(nll=nll, memory=out.cache, extra_loss=extra_loss, logs=logs, correct=correct)
+
+    def span_cap(self) -> int | None:
+        """The farthest distance a query attends in this step: `eval_span_cap` at evaluation, R during
+        the training warm-up (`mem_warmup_steps`), else none (each head's own span)."""
+        if not self.training:
+            return self.eval_span_cap
+        return self.net.config.span_ramp if self.warming_up else None
 
     def _span_logs(self, out: SpanTransformerOutput) -> dict[str, Tensor | float]:
         """The spans, two ways, plus the penalty and the attended length.

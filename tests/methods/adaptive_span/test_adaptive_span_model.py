@@ -319,6 +319,8 @@ def test_the_module_saves_its_network_group_as_a_dict_and_reads_it_back():
         "span_loss": 5e-07,
         "eval_span_cap": 8,
         "tbptt_segments": 1,
+        "mem_warmup_steps": 0,
+        "mem_warmup_min_within": 0.0,
     }
     assert grouped.net.config == from_dict.net.config == NETWORK
     assert_same_weights(grouped, from_dict)
@@ -326,6 +328,45 @@ def test_the_module_saves_its_network_group_as_a_dict_and_reads_it_back():
         TypeError, match=r"AdaptiveSpanLM.__init__\(\) got an unexpected keyword argument 'mem_len'"
     ):
         AdaptiveSpanLM(vocab_size=11, mem_len=4)
+
+
+def test_the_warmup_caps_every_span_at_the_ramp_then_lets_the_spans_read_all_of_it():
+    """`mem_warmup_steps`: before step N a fixed-span model attends at most R back (the network with
+    span_cap = R, what an adaptive span attends at z' = 0), from step N all S; evaluation keeps its own
+    cap; without a ramp the warm-up is refused in one line."""
+    fixed = dataclasses.replace(NETWORK, span_kind="fixed", span_ramp=4, chunk_size=8, dropout=0.0)
+    torch.manual_seed(0)
+    model = AdaptiveSpanLM(vocab_size=11, network=fixed, mem_warmup_steps=1).train()
+    x = torch.randint(0, 11, (2, 24))
+    batches = [{"input": x[:, i : i + 8], "target": x[:, i + 1 : i + 9]} for i in (0, 8)]
+
+    def last_nll(span_cap: int | None = None, through_the_module: bool = True) -> torch.Tensor:
+        memory = model.init_memory(2)
+        for batch in batches:
+            if through_the_module:
+                out = model.step(batch, memory)
+                nll, memory = out.nll, out.memory
+            else:
+                out = model.net(batch["input"], memory, span_cap=span_cap)
+                nll, memory = (
+                    F.cross_entropy(out.logits.transpose(1, 2), batch["target"], reduction="none"),
+                    out.cache,
+                )
+        return nll
+
+    with torch.no_grad():
+        assert model.span_cap() == 4
+        torch.testing.assert_close(last_nll(), last_nll(4, through_the_module=False), rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(last_nll(), last_nll(None, through_the_module=False))
+        model.mem_warmup_steps = 0  # the warm-up is over
+        assert model.span_cap() is None
+        torch.testing.assert_close(last_nll(), last_nll(None, through_the_module=False), rtol=1e-6, atol=1e-6)
+    model.eval_span_cap = 6
+    assert model.eval().span_cap() == 6
+    with pytest.raises(
+        ValueError, match=r"^mem_warmup_steps caps the spans at the ramp R \(network\.span_ramp\)"
+    ):
+        AdaptiveSpanLM(vocab_size=11, network=dataclasses.replace(fixed, span_ramp=0), mem_warmup_steps=5)
 
 
 def test_the_state_dict_keys_are_those_of_before_the_groups():
