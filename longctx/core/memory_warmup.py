@@ -1,5 +1,6 @@
-"""The memory warm-up a segment-memory method may take (`mem_warmup_steps`): train with no memory for the
-first N optimizer steps, then with the configured memory. A memory-length curriculum, in none of the
+"""The memory warm-up a segment-memory method may take (`mem_warmup_steps`): train with a short memory
+for the first N optimizer steps (none for Transformer-XL and the Compressive Transformer; spans capped at
+the ramp R for the span models), then with the configured memory. A memory-length curriculum, in none of the
 papers: attention that starts spread over a long memory learns a sharp match
 later; without the memory the same heads first learn what lies within the segment, then read the
 memory with it (docs/long_range.md "Recall": the recipe's seeds).
@@ -26,7 +27,7 @@ def check_memory_warmup(steps: int, min_within: float) -> None:
 class MemoryWarmup:
     """`mem_warmup_steps` and `mem_warmup_min_within` for an `LMBase` method that saves them as
     hyperparameters: `on_fit_start` decides the warm-up this fit runs, `warming_up` says whether the
-    current optimizer step trains without memory (the method then runs its step at memory length 0)."""
+    current optimizer step trains with the method's short memory."""
 
     mem_warmup_steps: int = 0
     mem_warmup_min_within: float = 0.0
@@ -47,5 +48,5 @@ class MemoryWarmup:
 
     @property
     def warming_up(self) -> bool:
-        """This optimizer step trains with no memory (one of the first `mem_warmup_steps`)."""
+        """This optimizer step trains with the short memory (one of the first `mem_warmup_steps`)."""
         return bool(self.mem_warmup_steps) and self.global_step < self.mem_warmup_steps
