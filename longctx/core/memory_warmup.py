@@ -1,9 +1,9 @@
 """The memory warm-up a segment-memory method may take (`mem_warmup_steps`): train with a short memory
-for the first N optimizer steps (none for Transformer-XL and the Compressive Transformer; spans capped at
-the ramp R for the span models), then with the configured memory. A memory-length curriculum, in none of the
-papers: attention that starts spread over a long memory learns a sharp match
-later; without the memory the same heads first learn what lies within the segment, then read the
-memory with it (docs/long_range.md "Recall": the recipe's seeds).
+for the first N optimizer steps (none, or attention capped a few positions back: each method's
+docstring says which), then with the configured memory. A memory-length curriculum, in none of the
+papers: attention that starts spread over a long memory learns a sharp match later; with a short
+memory the same heads first learn what lies close by, then read the long memory with it
+(docs/long_range.md "Recall": the recipe's seeds).
 
 On text whose answers are bound beyond their segment there is nothing to learn without the memory,
 so the warm-up runs only where at least `mem_warmup_min_within` of the training answers are bound
