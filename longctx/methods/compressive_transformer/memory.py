@@ -180,16 +180,28 @@ class CompressiveSegment:
         training batch, the module's `tbptt_segments`; not in the paper, as Transformer-XL's). What
         leaves the memory is detached either way: f_c learns from its reconstruction loss alone and the
         compressed memory stays a stop-gradient (§3.2)."""
-        with torch.set_grad_enabled(carry_gradient and torch.is_grad_enabled()):
-            valid = self.fifo.append(
-                self.memory.valid, self.memory.valid.new_ones(self.memory.valid.shape[0], self.n)
-            )
-            states = [
-                self.fifo.append(m.to(h.dtype), h if carry_gradient else h.detach())
-                for m, h in zip(self.memory.hidden, self.inputs)
-            ]
+        if not carry_gradient:
+            return self._detached_eviction()
+        valid, states = self._appended(keep_graph=True)
         evicted = [s.evicted.detach() for s in states]
         return Eviction([s.kept for s in states], valid.kept, evicted, valid.evicted)
+
+    @torch.no_grad()
+    def _detached_eviction(self) -> Eviction:
+        valid, states = self._appended(keep_graph=False)
+        return Eviction([s.kept for s in states], valid.kept, [s.evicted for s in states], valid.evicted)
+
+    def _appended(self, keep_graph: bool) -> tuple[fifo.FifoUpdate, list[fifo.FifoUpdate]]:
+        """[valid, ones] and per layer [memory, segment input] (detached unless `keep_graph`), each
+        split at the eviction."""
+        valid = self.fifo.append(
+            self.memory.valid, self.memory.valid.new_ones(self.memory.valid.shape[0], self.n)
+        )
+        states = [
+            self.fifo.append(m.to(h.dtype), h if keep_graph else h.detach())
+            for m, h in zip(self.memory.hidden, self.inputs)
+        ]
+        return valid, states
 
     @torch.no_grad()
     def kept(
