@@ -155,6 +155,12 @@ class LMBase(pl.LightningModule):
     # `tbptt_segments` knob, and its `step` then returns the memory undetached in training.
     tbptt_segments: int | None = 1
 
+    @property
+    def carries_memory_graph(self) -> bool:
+        """Training with truncated BPTT over several segments (`tbptt_segments` not 1; None: the
+        batches decide): `step` returns the memory with its graph, the base detaches it per batch."""
+        return self.training and self.tbptt_segments != 1
+
     def __init__(
         self,
         vocab_size: int = 0,

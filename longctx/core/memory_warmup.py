@@ -32,6 +32,11 @@ class MemoryWarmup:
     mem_warmup_steps: int = 0
     mem_warmup_min_within: float = 0.0
 
+    def init_memory_warmup(self, steps: int, min_within: float) -> None:
+        """Check and keep the two knobs (from the method's `__init__`)."""
+        check_memory_warmup(steps, min_within)
+        self.mem_warmup_steps, self.mem_warmup_min_within = steps, min_within
+
     def on_fit_start(self) -> None:
         """Drop the warm-up when the training text binds too few answers within the segment, saying so
         in one line. From the configured steps at every fit start: a resumed fit decides as the first

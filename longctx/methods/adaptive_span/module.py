@@ -23,7 +23,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
-from longctx.core.memory_warmup import MemoryWarmup, check_memory_warmup
+from longctx.core.memory_warmup import MemoryWarmup
 from longctx.core.recall import target_is_argmax
 from longctx.diagnostics.axes import Axis
 from longctx.diagnostics.footprint import feed_forward_elements
@@ -104,7 +104,7 @@ class AdaptiveSpanLM(MemoryWarmup, LMBase):
         if span_loss < 0:
             raise ValueError(f"span_loss (λ) must be >= 0, got {span_loss}")
         check_tbptt_segments(tbptt_segments)
-        check_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
+        self.init_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
         if mem_warmup_steps and network.span_ramp < 1:
             raise ValueError(
                 "mem_warmup_steps caps the spans at the ramp R (network.span_ramp), which is 0: set "
@@ -118,8 +118,6 @@ class AdaptiveSpanLM(MemoryWarmup, LMBase):
         self.span_loss = span_loss
         self.eval_span_cap = eval_span_cap
         self.tbptt_segments = tbptt_segments
-        self.mem_warmup_steps = mem_warmup_steps
-        self.mem_warmup_min_within = mem_warmup_min_within
         self._last_spans: list[Tensor] = []
 
     # ------------------------------------------------------------------ memory

@@ -43,7 +43,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
-from longctx.core.memory_warmup import MemoryWarmup, check_memory_warmup
+from longctx.core.memory_warmup import MemoryWarmup
 from longctx.core.run_settings import first_set
 from longctx.diagnostics.axes import Axis, knob_flag
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
@@ -149,11 +149,9 @@ class CompressiveTransformerLM(MemoryWarmup, LMBase):
         if negative := [k for k, v in lengths.items() if (v or 0) < 0]:
             raise ValueError(f"{', '.join(negative)} must be >= 0")
         check_tbptt_segments(tbptt_segments)
-        check_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
+        self.init_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
         self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.tbptt_segments = tbptt_segments
-        self.mem_warmup_steps = mem_warmup_steps
-        self.mem_warmup_min_within = mem_warmup_min_within
         self.reconstruction_weight = reconstruction_weight
         self.compression_lr = compression_lr
         self.log_compressed_attention = log_compressed_attention
@@ -224,7 +222,7 @@ class CompressiveTransformerLM(MemoryWarmup, LMBase):
             need_reconstruction=learns,
             need_compressed_mass=need_mass,
             cache_kv=evaluating and self.eval_cache_kv,
-            carry_gradient=not evaluating and self.tbptt_segments != 1,  # None: the batch decides
+            carry_gradient=self.carries_memory_graph,
         )
         nll = self.net.nll(out.hidden, batch["target"])  # (B, n)
         logs: dict[str, Tensor | float] = {}

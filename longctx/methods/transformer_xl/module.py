@@ -49,7 +49,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from longctx.core.base import LMBase, StepOutput, check_tbptt_segments
-from longctx.core.memory_warmup import MemoryWarmup, check_memory_warmup
+from longctx.core.memory_warmup import MemoryWarmup
 from longctx.core.run_settings import first_set
 from longctx.diagnostics.footprint import feed_forward_elements, segment_memory_elements
 from longctx.methods.transformer_xl import flops as xl_flops
@@ -145,7 +145,7 @@ class TransformerXLLM(MemoryWarmup, LMBase):
         if protocol not in ("xl", "trams"):
             raise ValueError(f"protocol must be 'xl' or 'trams', got {protocol!r}")
         check_tbptt_segments(tbptt_segments)
-        check_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
+        self.init_memory_warmup(mem_warmup_steps, mem_warmup_min_within)
         self.net = network.build_within(vocab_size, say=rank_zero_info)
         self.train_lengths = MemoryLengths(mem_len, clamp_len, same_length)
         self.eval_lengths = evaluation.over(self.train_lengths)
@@ -161,8 +161,6 @@ class TransformerXLLM(MemoryWarmup, LMBase):
                 )
         self.log_attention_mass = log_attention_mass
         self.tbptt_segments = tbptt_segments
-        self.mem_warmup_steps = mem_warmup_steps
-        self.mem_warmup_min_within = mem_warmup_min_within
 
     # ------------------------------------------------------------------ memory
     def training_lengths(self) -> MemoryLengths:
@@ -240,7 +238,7 @@ class TransformerXLLM(MemoryWarmup, LMBase):
             trams=self.trams if evaluating else None,
             need_mass=need_mass,
             cache_kv=evaluating and self.eval_cache_kv,
-            carry_gradient=not evaluating and self.tbptt_segments != 1,  # None: the batch decides
+            carry_gradient=self.carries_memory_graph,
         )
         nll = self.net.nll(out.hidden, batch["target"])  # (B, n)
         mask = drop_last_scored(batch["mask"]) if evaluating and self.protocol == "trams" else None
