@@ -32,7 +32,8 @@ CLI_KEYS = {"_instantiator": "lightning.pytorch.cli.instantiate_module"}
 def flat_form(model: LMBase) -> dict:
     """`model`'s hyperparameters as versions before the knob groups saved them: every argument at the
     top level, a group's fields under the group's prefix (`evaluation.mem_len` as `eval_mem_len`), a
-    group switched off (None) as its fields with None for the required ones (`trams_attended=None`)."""
+    group switched off (None) as its fields with None for the required ones (`trams_attended=None`), or
+    absent when it has none (it cannot be told from the group at its defaults)."""
     cls = type(model)
     flat = {}
     for name, value in model.hparams.items():
@@ -40,6 +41,9 @@ def flat_form(model: LMBase) -> dict:
             flat[name] = value
             continue
         group, _ = groups[name]
+        required = [f for f in dataclasses.fields(group) if f.default is dataclasses.MISSING]
+        if value is None and not required:
+            continue  # a group off whose fields all have defaults (RMT's xl_config) had no flat form: absent
         if value is None:
             value = {
                 f.name: None if f.default is dataclasses.MISSING else f.default

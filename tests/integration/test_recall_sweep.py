@@ -21,7 +21,7 @@ from tests.test_configs import resolve_arguments
 
 METHODS = (
     "xl", "rpe", "compressive", "adaptive_span", "fixed_span", "window_transformer", "gpt2_window",
-    "recurrent_gpt2", "recurrent_memory",
+    "recurrent_gpt2", "recurrent_memory", "recurrent_memory_xl",
 )  # fmt: skip
 TOKENS_PER_STEP = 128 * 32  # rows x tokens (the window methods: rows x windows x window)
 LR = "--model.init_args.optimizer.init_args.lr"
@@ -82,7 +82,7 @@ def test_methods_share_the_text_the_budget_and_the_size(method):
     if far := data.get("far_text_layout"):  # the layout far text trains in: the same tokens a step
         assert far["batch_size"] * far["windows_per_batch"] * data["tgt_len"] == TOKENS_PER_STEP
     assert trainer["max_steps"] == 8000 and config["recall_stop"]["min_acc"] == 0.99
-    network = init.get("network") or init["gpt2_config"]
+    network = init.get("network") or init.get("xl_config") or init["gpt2_config"]
     width = network.get("d_model") or network.get("n_embd")
     layers = network.get("n_layers") or network.get("n_layer")
     assert (width, layers) == (64, 2)

@@ -27,12 +27,17 @@ Notation (the paper's symbols and where they live; files of this folder; § = 22
 |             | tokens, segment, write tokens (the   |      |                                            |
 |             | same inputs)                         |      |                                            |
 | positions   | 0 … T + 2m − 1 over the whole        | code | network.py:MemoryCell.segment,             |
-|             | sequence (T + 2m ≤ n_positions)      |      | network.py:check_positions                 |
-| H̄_τ        | Transformer(H̃_τ): the GPT-2's       | 3    | network.py:MemoryCell.segment              |
+|             | sequence (T + 2m ≤ n_positions)      |      | network.py:HFBackbone.check_positions      |
+| H̄_τ        | Transformer(H̃_τ): the GPT-2's       | 3    | network.py:HFBackbone.transform            |
 |             | causal blocks, last hidden states    |      |                                            |
 |             | after ln_f                           |      |                                            |
-| H_τ^out     | the segment's outputs → logits (read | code | network.py:segment_scores                  |
-|             | and write positions cut)             |      |                                            |
+| H̄_τ (2022) | Transformer-XL's blocks without its  | code | xl_backbone.py:XLBackbone.forward          |
+|             | memory (relative positions T + 2m −  |      |                                            |
+|             | 1 … 0), the paper's backbone; LM-    |      |                                            |
+|             | RMT's mask: each memory block sees   |      | xl_backbone.py:MemoryBlocksWindow          |
+|             | all of itself                        |      |                                            |
+| H_τ^out     | the segment's outputs → logits (read | code | network.py:HFBackbone.scores,              |
+|             | and write positions cut)             |      | xl_backbone.py:XLBackbone.scores           |
 | H_{τ+1}^mem | H_τ^write, the write tokens' last    | 3    | network.py:MemoryCell.segment              |
 |             | hidden states                        |      |                                            |
 | BPTT        | backprop through the K segments of a | 3    | network.py:MemoryCell.forward,             |
@@ -47,15 +52,18 @@ Notation (the paper's symbols and where they live; files of this folder; § = 22
 | FLOPs       | backbone over T + 2m positions, LM   | ours | flops.py:flops_per_token                   |
 |             | head over T, per scored token        |      |                                            |
 
-The backbone is built, loaded and pickled by the recurrent GPT-2's Hugging Face helpers
-(longctx/methods/recurrence/hf.py:build_lm), and the segment-by-segment backward of
+The memory cell runs any `network.py:Backbone`: a GPT-2 (`network.py:HFBackbone`), built, loaded and
+pickled by the recurrent GPT-2's Hugging Face helpers (longctx/methods/recurrence/hf.py:build_lm), or
+Transformer-XL's network (`xl_backbone.py:XLBackbone`, the module's `xl_config`; the 2022 paper's
+RMT is Transformer-XL's code with memory tokens, booydar/LM-RMT). And the segment-by-segment backward of
 the loop over segments and the segment-by-segment backward of `checkpoint_segments` are the shared
 longctx/methods/bptt.py:unroll (with reverse_window_bptt).
 
 The memory's knobs have one source, network.py:MemoryCellConfig (`MemoryCell.Config`,
 `.build(embedding)`), the module's `memory_cell` group (`model.init_args.memory_cell.num_mem_tokens`);
-the GPT-2 is described apart (`pretrained` or `gpt2_config`).
+the backbone is described apart (`pretrained`, `gpt2_config` or `xl_config`).
 
-Files: `network.py` (the memory cell and the loop over segments, pure PyTorch + transformers),
-`memory.py`, `flops.py`, `module.py` (the LightningModule).
+Files: `network.py` (the memory cell, the loop over segments and the GPT-2 backbone, pure PyTorch),
+`xl_backbone.py` (Transformer-XL's network as the backbone), `memory.py`, `flops.py`, `module.py`
+(the LightningModule).
 """

@@ -10,7 +10,10 @@ window k starts a new document there and reads the learned initial memory.
 The backbone is a Hugging Face GPT-2, built as the recurrent GPT-2 builds it (`recurrence/hf.py`):
 `pretrained` (a hub id such as "gpt2", a local directory written by `save_pretrained`, or a `.ckpt`
 of a RecurrentMemoryLM or RecurrentGPT2LM run: its GPT-2, and its initial memory when it has one),
-or `gpt2_config`, a dict of `GPT2Config` fields for a small GPT-2 trained from scratch.
+or `gpt2_config`, a dict of `GPT2Config` fields for a small GPT-2 trained from scratch; or, with
+`xl_config`, Transformer-XL's network without its memory, the 2022 paper's own backbone
+(`xl_backbone.py`; `pretrained` may then name a `.ckpt` of such a run, its weights and memory, or of
+a Transformer-XL run, its network).
 
 The curriculum of the authors' recipe (1, 2, 4, … segments, each stage from the previous stage's
 best checkpoint) is one fit per stage: `data.windows_per_batch` is the stage's K and
@@ -40,9 +43,11 @@ from longctx.methods.recurrence.hf import (
     drop_output_capturing_hooks,
     restore_after_unpickling,
 )
-from longctx.methods.recurrent_memory.flops import flops_per_token
+from longctx.methods.recurrent_memory.flops import BackboneSizes, flops_per_token
 from longctx.methods.recurrent_memory.memory import MemoryTokens
-from longctx.methods.recurrent_memory.network import MemoryCell
+from longctx.methods.recurrent_memory.network import Backbone, HFBackbone, MemoryCell
+from longctx.methods.recurrent_memory.xl_backbone import XLBackbone, check_xl_backbone_sources
+from longctx.methods.transformer_xl.network import TransformerXL
 
 MEMORY_KEY = "memory_cell.memory"  # the initial memory's name in the state dict
 
@@ -57,6 +62,10 @@ class RecurrentMemoryLM(LMBase):
         gpt2_config: instead of `pretrained`, `GPT2Config` fields (n_layer, n_embd, n_head,
             n_positions, dropouts...) of a randomly initialised GPT-2. n_positions must hold a
             segment and its 2m memory tokens (T + 2m).
+        xl_config: instead of a GPT-2, Transformer-XL's network (`TransformerXL.Config`; in configs
+            `model.init_args.xl_config.d_model`), run without its memory as the 2022 paper's RMT
+            (`xl_backbone.py`); with it, `pretrained` is None or a `.ckpt` of a run with the same
+            backbone (the curriculum's next stage) or of a Transformer-XL run (its network).
         memory_cell: the memory's knobs (`MemoryCell.Config`: num_mem_tokens, m); in configs
             `model.init_args.memory_cell.num_mem_tokens`.
         train_memory: what a training batch's first segment reads: "carried" (the memory written
@@ -90,6 +99,7 @@ class RecurrentMemoryLM(LMBase):
         vocab_size: int = 0,
         pretrained: str | None = None,
         gpt2_config: dict[str, Any] | None = None,
+        xl_config: TransformerXL.Config | None = None,
         memory_cell: MemoryCell.Config = MemoryCell.Config(),  # noqa: B008 (frozen)
         train_memory: Literal["carried", "fresh"] = "carried",
         eval_memory: Literal["carried", "reset"] = "carried",
@@ -100,7 +110,8 @@ class RecurrentMemoryLM(LMBase):
         optimizer: OptimizerCallable = torch.optim.Adam,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
-        memory_cell = self.read_groups(dict(memory_cell=memory_cell))["memory_cell"]
+        groups = self.read_groups(dict(memory_cell=memory_cell, xl_config=xl_config))
+        memory_cell, xl_config = groups["memory_cell"], groups["xl_config"]
         super().__init__(vocab_size=vocab_size, optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.save_hyperparameters()
         if train_memory not in ("carried", "fresh"):
@@ -111,8 +122,15 @@ class RecurrentMemoryLM(LMBase):
             raise ValueError(
                 f"eval_restart_every must be at least 1 (or null: never), got {eval_restart_every}"
             )
-        self.lm = build_lm(pretrained, gpt2_config, vocab_size, attn_implementation)
-        self.memory_cell = memory_cell.build(self.lm.get_input_embeddings().weight)
+        if xl_config is None:
+            self.lm = build_lm(pretrained, gpt2_config, vocab_size, attn_implementation)
+            self.memory_cell = memory_cell.build(self.lm.get_input_embeddings().weight)
+        else:
+            check_xl_backbone_sources(pretrained, gpt2_config, checkpoint_blocks)
+            self.xl = XLBackbone(vocab_size, xl_config)
+            self.memory_cell = memory_cell.build(self.xl.scaled_embedding())
+            if pretrained is not None:
+                self.load_backbone(pretrained)
         if pretrained is not None and pretrained.endswith(".ckpt"):
             self.load_memory(pretrained)
         if checkpoint_blocks:
@@ -123,9 +141,41 @@ class RecurrentMemoryLM(LMBase):
         self.checkpoint_segments = checkpoint_segments
 
     @property
+    def uses_xl(self) -> bool:
+        """Whether the backbone is Transformer-XL's network (`xl_config`), not a GPT-2."""
+        return "xl" in self._modules
+
+    @property
     def backbone(self) -> nn.Module:
-        """The GPT-2's base model (`lm.transformer`), which every segment runs through."""
-        return self.lm.base_model
+        """The module every segment runs through: the GPT-2's base model (`lm.transformer`), or the
+        Transformer-XL backbone (its forward runs the blocks)."""
+        return self.xl if self.uses_xl else self.lm.base_model
+
+    @property
+    def segment_backbone(self) -> Backbone:
+        """The backbone as the memory cell calls it (`network.Backbone`)."""
+        return self.xl if self.uses_xl else HFBackbone(self.lm)
+
+    def load_backbone(self, ckpt_path: str) -> None:
+        """The Transformer-XL backbone's weights from a `.ckpt`: of a RecurrentMemoryLM run on it (the
+        curriculum's next stage), or of a Transformer-XL run (its network, e.g. the Transformer+RPE of
+        the recall sweep: a backbone pretrained without memory tokens, as BABILong's start from a
+        pretrained LM; its memory length does not matter, the weights are the same)."""
+        state = load_tensors_file(ckpt_path)["state_dict"]
+        weights = {k.removeprefix("xl."): v for k, v in state.items() if k.startswith("xl.net.")}
+        weights = weights or {k: v for k, v in state.items() if k.startswith("net.")}
+        if not weights:
+            raise ValueError(
+                f"{ckpt_path} holds no Transformer-XL network (xl.net.* or net.* weights): give the .ckpt "
+                "of a RecurrentMemoryLM run with xl_config or of a Transformer-XL run"
+            )
+        try:
+            self.xl.load_state_dict(weights)
+        except RuntimeError as error:
+            raise ValueError(
+                f"{ckpt_path}'s Transformer-XL network does not fit xl_config (give the sizes it was "
+                f"trained with): {str(error).splitlines()[1].strip()}"
+            ) from None
 
     def load_memory(self, ckpt_path: str) -> None:
         """The initial memory of a RecurrentMemoryLM checkpoint (a RecurrentGPT2LM one has none: the
@@ -157,7 +207,7 @@ class RecurrentMemoryLM(LMBase):
         elif not self.training and self.eval_restart_every is not None:
             reset = reset | self._restarts(reset.shape[1], first=state is None, device=reset.device)
         out = self.memory_cell(
-            self.lm,
+            self.segment_backbone,
             batch["input"],
             batch["target"],
             reset,
@@ -192,7 +242,7 @@ class RecurrentMemoryLM(LMBase):
         """m·d: the m memory tokens of width d carried from segment to segment, read at the input as
         the recurrent GPT-2's h_prev (d) is read at its layer; 0 with `eval_memory: reset`."""
         carried = self.eval_memory == "carried"
-        return self.memory_cell.num_mem_tokens * self.lm.config.hidden_size if carried else 0
+        return self.memory_cell.num_mem_tokens * self.backbone_sizes().d_model if carried else 0
 
     def evaluation_memory_start(
         self, row_start: np.ndarray, offset: np.ndarray, segment_len: int
@@ -202,47 +252,58 @@ class RecurrentMemoryLM(LMBase):
         every = 1 if self.eval_memory == "reset" else self.eval_restart_every
         return row_start if every is None else sample_start(offset, row_start, segment_len, every)
 
+    def backbone_sizes(self) -> BackboneSizes:
+        """The backbone's sizes: the GPT-2's config, or Transformer-XL's."""
+        if self.uses_xl:
+            c = self.xl.config
+            return BackboneSizes(c.n_layers, c.d_model, c.n_heads, c.d_inner, self.xl.vocab_size, True)
+        c = self.lm.config
+        d_ff = getattr(c, "n_inner", None) or 4 * c.hidden_size
+        return BackboneSizes(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, d_ff, c.vocab_size)
+
     def evaluation_elements(self, batch_size: int, length: int) -> int:
-        """A GPT-2 window of the segment and its 2m memory tokens (T + 2m positions through every
-        block) and the (B, m, d) memory carried to the next segment (`footprint`)."""
-        c, m = self.lm.config, self.memory_cell.num_mem_tokens
+        """A window of the segment and its 2m memory tokens (T + 2m positions through every block)
+        and the (B, m, d) memory carried to the next segment (`footprint`)."""
+        sizes, m = self.backbone_sizes(), self.memory_cell.num_mem_tokens
         positions = length + 2 * m
         return (
-            window_elements(batch_size, positions, c.n_layer, c.n_embd, c.n_head)
-            + feed_forward_elements(batch_size, positions, c.n_embd, c.n_inner)
-            + batch_size * m * c.n_embd
+            window_elements(batch_size, positions, sizes.n_layers, sizes.d_model, sizes.n_heads)
+            + feed_forward_elements(batch_size, positions, sizes.d_model, sizes.d_inner)
+            + batch_size * m * sizes.d_model
         )
 
     def flops_per_token(self, segment_length: int) -> float:
         """Forward FLOPs per scored token for segments of T = `segment_length` at the evaluation
         overlap (`flops.py`: the backbone over T + 2m positions, the LM head over T)."""
-        config = self.lm.config
-        d_model = int(config.hidden_size)
-        d_ff = getattr(config, "n_inner", None) or 4 * d_model
-        data = self.data_facts()
+        sizes, data = self.backbone_sizes(), self.data_facts()
         return flops_per_token(
-            int(config.num_hidden_layers),
-            d_model,
-            int(d_ff),
-            int(config.vocab_size),
+            sizes.n_layers,
+            sizes.d_model,
+            sizes.d_inner,
+            sizes.vocab_size,
             segment_length,
             self.memory_cell.num_mem_tokens,
             0 if data is None else data.eval_overlap,
+            sizes.relative_positions,
         )
 
     # ------------------------------------------------------------------ pickling (ddp_spawn)
     def __getstate__(self) -> dict[str, Any]:
         """Without transformers' unpicklable output-capturing hooks (`recurrence/hf.py`)."""
-        drop_output_capturing_hooks(self.lm)
+        if not self.uses_xl:
+            drop_output_capturing_hooks(self.lm)
         return super().__getstate__()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A spawned process repairs transformers' registry (`recurrence/hf.py`)."""
         super().__setstate__(state)
-        restore_after_unpickling(self.lm)
+        if not self.uses_xl:
+            restore_after_unpickling(self.lm)
 
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        # The GPT-2's full config, so `pretrained: <this .ckpt>` rebuilds it without the hub.
-        checkpoint[HF_CONFIG_KEY] = self.lm.config.to_dict()
+        # The GPT-2's full config, so `pretrained: <this .ckpt>` rebuilds it without the hub (the
+        # Transformer-XL backbone's sizes are the run's xl_config, in its hyperparameters).
+        if not self.uses_xl:
+            checkpoint[HF_CONFIG_KEY] = self.lm.config.to_dict()

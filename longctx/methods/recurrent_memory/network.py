@@ -32,14 +32,16 @@ transformer, `modeling_rmt/language_modeling.py`, `MemoryCell` and `RecurrentWra
   no detaching, in the released LM and BABILong scripts); here the unroll is the K windows of a
   batch (`MemoryCell.forward`), and the memory carried across batches is detached by the module.
 
-Pure PyTorch + transformers: the backbone is a Hugging Face causal LM handed to every call (not a
-sub-module, so a module holding both keeps the LM's parameter names `lm.*`).
+The backbone is handed to every call as a `Backbone` (not a sub-module, so a module holding both
+keeps the backbone's parameter names, `lm.*` for a GPT-2): `HFBackbone`, a Hugging Face causal LM as
+above, or `xl_backbone.XLBackbone`, Transformer-XL's network without its memory, the 2022 paper's
+own backbone (booydar/LM-RMT; its layout differences are in that file). Pure PyTorch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -91,20 +93,20 @@ class MemoryCell(nn.Module):
             torch.randn(m, embedding.shape[1], device=embedding.device, dtype=embedding.dtype) * scale
         )
 
-    def segment(self, lm: nn.Module, input_ids: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+    def segment(self, backbone: Backbone, input_ids: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
         """One segment through the backbone: input_ids (B, T) and H_τ^mem (B, m, d) -> the segment's
         last hidden states H_τ^out (B, T, d) and H_{τ+1}^mem = H_τ^write (B, m, d)."""
         m, length = self.num_mem_tokens, input_ids.shape[1]
-        check_positions(lm, length, m)
-        tokens = lm.get_input_embeddings()(input_ids)  # (B, T, d)
+        backbone.check_positions(length, m)
+        tokens = backbone.embed(input_ids)  # (B, T, d)
         memory = memory.to(tokens.dtype)
         sequence = torch.cat([memory, tokens, memory], dim=1)  # [read; segment; write] (B, T + 2m, d)
-        hidden = lm.base_model(inputs_embeds=sequence, use_cache=False).last_hidden_state  # after ln_f
+        hidden = backbone.transform(sequence, m)  # (B, T + 2m, d)
         return hidden[:, m : m + length], hidden[:, m + length :]
 
     def forward(
         self,
-        lm: nn.Module,
+        backbone: Backbone,
         input_ids: Tensor,
         target: Tensor,
         reset: Tensor,
@@ -114,6 +116,7 @@ class MemoryCell(nn.Module):
     ) -> SegmentsOutput:
         """Backprop through the K segments of a batch.
 
+        backbone: the transformer the segments run through (`HFBackbone`, `xl_backbone.XLBackbone`);
         input_ids, target: (B, K, T); reset: (B, K) bool (the row starts a document at that segment:
         it reads the initial memory); state: (B, m, d) written by the previous batch's last segment,
         or None (every row starts from the initial memory).
@@ -128,11 +131,11 @@ class MemoryCell(nn.Module):
             """Segment k from the memory entering it: NLL (B, T), the memory it writes (B, m, d) and
             the correctness (B, T) or None."""
             memory = read_memory(state, self.memory, reset[:, k])
-            hidden, written = self.segment(lm, input_ids[:, k], memory)
-            nll, correct = segment_scores(lm, hidden, target[:, k], need_correct)
+            hidden, written = self.segment(backbone, input_ids[:, k], memory)
+            nll, correct = backbone.scores(hidden, target[:, k], need_correct)
             return nll, written, correct
 
-        reverse = {"lm": lm, "memory_cell": self} if checkpoint_segments else None
+        reverse = {"backbone": backbone.module, "memory_cell": self} if checkpoint_segments else None
         nll, state, correct = unroll(one_segment, input_ids.shape[1], state, input_ids.device, reverse)
         return SegmentsOutput(nll, state, correct)
 
@@ -146,25 +149,70 @@ class SegmentsOutput(NamedTuple):
     correct: Tensor | None = None
 
 
-def check_positions(lm: nn.Module, segment_length: int, num_mem_tokens: int) -> None:
-    """Refuse a segment whose [read; segment; write] sequence has more positions than the backbone."""
-    available = getattr(lm.config, "max_position_embeddings", None)
-    needed = segment_length + 2 * num_mem_tokens
-    if available is not None and needed > available:
-        raise DataMismatch(
-            f"segments of {segment_length} tokens with {num_mem_tokens} memory tokens read and "
-            f"{num_mem_tokens} written need T + 2m = {needed} positions, the GPT-2 has {available}: lower "
-            "data.tgt_len and data.eval_tgt_len or model.init_args.memory_cell.num_mem_tokens (a GPT-2 "
-            "from scratch: raise model.init_args.gpt2_config.n_positions)"
-        )
+class BackboneScores(NamedTuple):
+    """A segment's per-target NLL (B, T) and whether each target is the argmax (B, T) bool, or None."""
+
+    nll: Tensor
+    correct: Tensor | None = None
 
 
-def segment_scores(
-    lm: nn.Module, hidden: Tensor, target: Tensor, need_correct: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """Per-target NLL (B, T) of a segment from its last hidden states (B, T, d) through the LM head
-    (logits (B, T, V), only for the segment's positions) and, if `need_correct`, whether each target
-    is the argmax of those logits' log-probabilities (B, T) (else None)."""
-    logits = lm.get_output_embeddings()(hidden)
-    nll = full_softmax_nll(logits, target)
-    return nll, target_is_argmax(logits, target) if need_correct else None
+class Backbone(Protocol):
+    """What the memory cell asks of the transformer it runs every segment through."""
+
+    @property
+    def module(self) -> nn.Module:
+        """The module holding every parameter the segment uses (the segment-by-segment backward)."""
+        ...
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """(B, T) token ids -> (B, T, d) the token inputs of the blocks."""
+        ...
+
+    def transform(self, sequence: Tensor, num_mem_tokens: int) -> Tensor:
+        """[read (m); segment; write (m)] (B, T + 2m, d) -> the last hidden states (B, T + 2m, d)."""
+        ...
+
+    def scores(self, hidden: Tensor, target: Tensor, need_correct: bool = False) -> BackboneScores:
+        """The segment's last hidden states (B, T, d) scored against its targets (B, T)."""
+        ...
+
+    def check_positions(self, segment_length: int, num_mem_tokens: int) -> None:
+        """Refuse, in one line, a segment and memory the backbone has no positions for."""
+        ...
+
+
+class HFBackbone:
+    """A Hugging Face causal LM (a GPT-2) as the backbone, as the authors' `MemoryCell` runs it:
+    `inputs_embeds` and no position ids (positions 0 … T + 2m − 1), the causal mask, the last hidden
+    states after the final norm, the LM head on the segment's positions alone."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        self.lm = lm
+
+    @property
+    def module(self) -> nn.Module:
+        return self.lm
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.lm.get_input_embeddings()(input_ids)
+
+    def transform(self, sequence: Tensor, num_mem_tokens: int) -> Tensor:
+        return self.lm.base_model(inputs_embeds=sequence, use_cache=False).last_hidden_state  # after ln_f
+
+    def scores(self, hidden: Tensor, target: Tensor, need_correct: bool = False) -> BackboneScores:
+        """Logits (B, T, V) for the segment's positions only."""
+        logits = self.lm.get_output_embeddings()(hidden)
+        nll = full_softmax_nll(logits, target)
+        return BackboneScores(nll, target_is_argmax(logits, target) if need_correct else None)
+
+    def check_positions(self, segment_length: int, num_mem_tokens: int) -> None:
+        """The GPT-2's learned positions hold T + 2m."""
+        available = getattr(self.lm.config, "max_position_embeddings", None)
+        needed = segment_length + 2 * num_mem_tokens
+        if available is not None and needed > available:
+            raise DataMismatch(
+                f"segments of {segment_length} tokens with {num_mem_tokens} memory tokens read and "
+                f"{num_mem_tokens} written need T + 2m = {needed} positions, the GPT-2 has {available}: "
+                "lower data.tgt_len and data.eval_tgt_len or model.init_args.memory_cell.num_mem_tokens "
+                "(a GPT-2 from scratch: raise model.init_args.gpt2_config.n_positions)"
+            )

@@ -34,7 +34,7 @@ from longctx.methods.recurrence.flops import hf_model_flops_per_scored_token
 from longctx.methods.recurrent_memory.flops import flops_per_token
 from longctx.methods.recurrent_memory.memory import MemoryTokens
 from longctx.methods.recurrent_memory.module import RecurrentMemoryLM
-from longctx.methods.recurrent_memory.network import MemoryCell
+from longctx.methods.recurrent_memory.network import HFBackbone, MemoryCell
 from tests.helpers.environment import REPO
 from tests.helpers.knob_checks import assert_same_weights
 from tests.helpers.memory_checks import assert_losses_depend_on_windows_from_their_memory_start
@@ -134,8 +134,8 @@ def test_read_tokens_see_no_segment_token_and_the_segment_no_write_token():
     changed = x.clone()
     changed[:, -1] = (changed[:, -1] + 1) % VOCAB  # the segment's last token only
     with torch.no_grad():
-        hidden, written = cell.segment(lm, x, memory)
-        hidden_changed, written_changed = cell.segment(lm, changed, memory)
+        hidden, written = cell.segment(HFBackbone(lm), x, memory)
+        hidden_changed, written_changed = cell.segment(HFBackbone(lm), changed, memory)
         sequence = torch.cat([memory, lm.get_input_embeddings()(x), memory], 1)
         full = lm.base_model(inputs_embeds=sequence).last_hidden_state
         other_write = lm.base_model(inputs_embeds=torch.cat([sequence[:, :-m], -memory], 1)).last_hidden_state

@@ -1,0 +1,131 @@
+"""The 2022 paper's own backbone: Transformer-XL's network without its memory (Bulatov, Kuratov,
+Burtsev, NeurIPS 2022). The authors' code for that paper, booydar/LM-RMT, "is based on the
+Transformer-XL repository ... All LM and algorithmic experiments from our paper were conducted using
+this repository" (its README): `pytorch/mem_transformer.py`, `MemTransformerLM` with
+`num_mem_tokens` and `mem_len` 0.
+
+The segment [read; tokens; write] runs through Transformer-XL's blocks with relative positions
+(T + 2m − 1 … 0 over the whole sequence, so no position limit) and u, v; as in LM-RMT:
+- the memory tokens join the token embeddings after their √d scaling (`word_emb` scales the tokens
+  alone), and both go through the embedding dropout;
+- attention is causal except that the read tokens see one another and the write tokens see one
+  another (`dec_attn_mask[:m, :m] = 0`, `dec_attn_mask[-m:, -m:] = 0`; the Hugging Face RMT's GPT-2
+  keeps the plain causal mask);
+- the new memory is the write tokens' last-layer output after the final dropout (`hidden[-m:]`;
+  the network has no final LayerNorm, as Transformer-XL's code);
+- the initial memory is drawn at the scale of the embeddings the blocks read (× √d).
+
+Why a second backbone: at the recall recipe's scale a GPT-2 from scratch (learned absolute
+positions) does not learn the key match even within its window, where Transformer-XL's network does
+(docs/recurrent_memory.md, "The backbone"). Pure PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from longctx.methods.recurrent_memory.network import BackboneScores
+from longctx.methods.transformer_xl.network import TransformerXL
+from longctx.methods.transformer_xl.relative_attention import KeyWindow, sinusoid_positions
+
+
+class MemoryBlocksWindow(KeyWindow):
+    """A window over [read (m); segment; write (m)] with LM-RMT's mask: causal, and each block of
+    memory tokens attends all of its own block."""
+
+    def __new__(cls, k: Tensor, v: Tensor, valid: Tensor, num_mem_tokens: int) -> MemoryBlocksWindow:
+        window = super().__new__(cls, k, v, valid)
+        window.num_mem_tokens = num_mem_tokens  # m: the size of each memory block
+        return window
+
+    def blocked(self, n: int) -> Tensor:
+        """(1, 1, n, n): key after query, except within the read block and within the write block."""
+        m = self.num_mem_tokens
+        i = torch.arange(n, device=self.k.device)
+        blocked = i[None, :] > i[:, None]
+        if m:
+            blocked[:m, :m] = False
+            blocked[-m:, -m:] = False
+        return blocked[None, None]
+
+
+class XLBackbone(nn.Module):
+    """Transformer-XL's network as the Recurrent Memory Transformer's backbone (no XL memory).
+
+    `XLBackbone(vocab_size, config)` with a `TransformerXL.Config`; the attention kernel "flex"
+    forms its masks itself and is refused (the mask here is not Transformer-XL's).
+    """
+
+    def __init__(self, vocab_size: int, config: TransformerXL.Config) -> None:
+        super().__init__()
+        if config.attention == "flex":
+            raise ValueError(
+                "xl_config.attention 'flex' forms Transformer-XL's own masks; the Recurrent Memory "
+                "Transformer's memory blocks need 'sdpa' or 'eager'"
+            )
+        self.net = config.build(vocab_size)
+        self.config, self.vocab_size = config, vocab_size
+
+    @property
+    def module(self) -> nn.Module:
+        return self
+
+    @property
+    def width(self) -> int:
+        return self.net.d_model
+
+    def scaled_embedding(self) -> Tensor:
+        """The token embedding as the blocks read it (V, d): the scale of the initial memory."""
+        emb = self.net.word_emb
+        return emb.emb_layers[0].weight * emb.emb_scale
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """(B, T) ids -> (B, T, d) scaled token embeddings (before the embedding dropout)."""
+        return self.net.word_emb(input_ids)
+
+    def transform(self, sequence: Tensor, num_mem_tokens: int) -> Tensor:
+        """[read; segment; write] (B, n, d) -> the last layer's outputs (B, n, d) after dropout
+        (`forward`, so that compiling this module compiles the blocks)."""
+        return self(sequence, num_mem_tokens)
+
+    def forward(self, sequence: Tensor, num_mem_tokens: int) -> Tensor:
+        net = self.net
+        n = sequence.shape[1]
+        h = net.drop(sequence)
+        pos_emb = net.drop(sinusoid_positions(n, net.d_model, 0, h.device, h.dtype))  # n − 1 … 0
+        valid = torch.ones(1, 1, n, dtype=torch.bool, device=h.device)
+        for i, layer in enumerate(net.layers):
+            k, v = layer.attn.project_kv(h)  # (B, H, n, Dh) each
+            window = MemoryBlocksWindow(k, v, valid, num_mem_tokens)
+            u, r = (net.r_w_bias[i], net.r_r_bias[i]) if net.untie_r else (net.r_w_bias, net.r_r_bias)
+            h, _ = layer(h, window, pos_emb, u, r)
+        return net.drop(h)
+
+    def scores(self, hidden: Tensor, target: Tensor, need_correct: bool = False) -> BackboneScores:
+        """Per-target NLL (B, T) and, if asked, whether each target is the argmax (B, T)."""
+        nll = self.net.nll(hidden, target)
+        correct = self.net.crit.target_is_argmax(hidden, target) if need_correct else None
+        return BackboneScores(nll, correct)
+
+    def check_positions(self, segment_length: int, num_mem_tokens: int) -> None:
+        """Relative positions: any T + 2m."""
+
+
+def check_xl_backbone_sources(
+    pretrained: str | None, gpt2_config: dict[str, object] | None, checkpoint_blocks: bool
+) -> None:
+    """One line for knobs that do not go with the Transformer-XL backbone: a GPT-2 to build or load,
+    Hugging Face's block checkpointing."""
+    if gpt2_config is not None:
+        raise ValueError("give one backbone: xl_config (Transformer-XL's network) or gpt2_config, not both")
+    if pretrained is not None and not pretrained.endswith(".ckpt"):
+        raise ValueError(
+            f"with xl_config, pretrained must be a .ckpt of a run on the same backbone or of a "
+            f"Transformer-XL run, got {pretrained!r} (a Hugging Face model needs no xl_config)"
+        )
+    if checkpoint_blocks:
+        raise ValueError(
+            "checkpoint_blocks is Hugging Face's block checkpointing, a GPT-2's; with xl_config use "
+            "checkpoint_segments"
+        )
