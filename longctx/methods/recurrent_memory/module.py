@@ -46,7 +46,11 @@ from longctx.methods.recurrence.hf import (
 from longctx.methods.recurrent_memory.flops import BackboneSizes, flops_per_token
 from longctx.methods.recurrent_memory.memory import MemoryTokens
 from longctx.methods.recurrent_memory.network import Backbone, HFBackbone, MemoryCell
-from longctx.methods.recurrent_memory.xl_backbone import XLBackbone, check_xl_backbone_sources
+from longctx.methods.recurrent_memory.xl_backbone import (
+    XLBackbone,
+    check_xl_backbone_sources,
+    check_xl_memory_stays_bounded,
+)
 from longctx.methods.transformer_xl.network import TransformerXL
 
 MEMORY_KEY = "memory_cell.memory"  # the initial memory's name in the state dict
@@ -127,6 +131,8 @@ class RecurrentMemoryLM(LMBase):
             self.memory_cell = memory_cell.build(self.lm.get_input_embeddings().weight)
         else:
             check_xl_backbone_sources(pretrained, gpt2_config, checkpoint_blocks)
+            carried = train_memory == "carried" or (eval_memory == "carried" and eval_restart_every is None)
+            check_xl_memory_stays_bounded(xl_config, carried)
             self.xl = XLBackbone(vocab_size, xl_config)
             self.memory_cell = memory_cell.build(self.xl.scaled_embedding())
             if pretrained is not None:

@@ -112,6 +112,21 @@ class XLBackbone(nn.Module):
         """Relative positions: any T + 2m."""
 
 
+def check_xl_memory_stays_bounded(config: TransformerXL.Config, carried_over_the_stream: bool) -> None:
+    """Refuse a pre-LN network whose memory is carried over the stream. Transformer-XL's pre-LN blocks
+    have no final LayerNorm, so a write token's output is its input, the memory it read, plus the
+    segment's updates: carried from segment to segment the memory's norm grows with every one
+    (measured on the recall recipe: 9 after one segment, 214 after 10, 1,199 after 35), and each new
+    segment's update drowns in it. Post-LN blocks (LM-RMT's scripts, Transformer-XL's default) end
+    every layer with a LayerNorm; samples of a few segments from the initial memory stay bounded."""
+    if config.pre_lnorm and carried_over_the_stream:
+        raise ValueError(
+            "xl_config.pre_lnorm with the memory carried over the stream: a pre-LN Transformer-XL has no "
+            "final LayerNorm, so the memory grows with every segment; give xl_config.pre_lnorm false "
+            "(post-LN, as LM-RMT), or train_memory fresh with eval_restart_every K (samples of K segments)"
+        )
+
+
 def check_xl_backbone_sources(
     pretrained: str | None, gpt2_config: dict[str, object] | None, checkpoint_blocks: bool
 ) -> None:

@@ -11,6 +11,8 @@ own backbone, booydar/LM-RMT), against straightforward references on a small ran
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -23,7 +25,7 @@ from tests.helpers.knob_checks import assert_same_weights
 from tests.methods.recurrent_memory.test_recurrent_memory import VOCAB, windows
 
 D, N_LAYER = 32, 2
-XL = {"n_layers": N_LAYER, "d_model": D, "n_heads": 4, "d_inner": 64, "dropout": 0.0, "pre_lnorm": True}
+XL = {"n_layers": N_LAYER, "d_model": D, "n_heads": 4, "d_inner": 64, "dropout": 0.0}  # post-LN, as LM-RMT
 
 
 def rmt_xl(num_mem_tokens: int = 3, seed: int = 0, **knobs) -> RecurrentMemoryLM:
@@ -143,6 +145,35 @@ def test_a_transformer_xl_run_gives_its_network_and_a_fresh_memory(tmp_path):
 def test_a_knob_that_does_not_go_with_the_xl_backbone_is_one_line(knobs, message):
     with pytest.raises(ValueError, match=message):
         rmt_xl(**knobs)
+
+
+def written_memory_norms(model: RecurrentMemoryLM, n_segments: int) -> list[float]:
+    """The mean norm of the memory written by each of `n_segments` random segments read in a row."""
+    memory, norms = model.memory_cell.memory.expand(2, -1, -1), []
+    with torch.no_grad():
+        for k in range(n_segments):
+            x = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(k))
+            _, memory = model.memory_cell.segment(model.xl, x, memory)
+            norms.append(memory.norm(dim=-1).mean().item())
+    return norms
+
+
+def test_a_post_ln_memory_stays_bounded_and_a_pre_ln_one_is_refused_over_the_stream():
+    """Post-LN: the memory is a LayerNorm's output (norm <= |gamma|·√d + |beta|) however long it is
+    carried; pre-LN: no final norm, the memory grows with every segment, so carrying it over the
+    stream is refused in one line (samples of a few segments are allowed)."""
+    post = rmt_xl().eval()
+    norm = post.xl.net.layers[-1].ff.layer_norm
+    bound = norm.weight.abs().max().item() * D**0.5 + norm.bias.norm().item()
+    assert max(written_memory_norms(post, 30)) <= bound + 1e-4
+    pre_ln = {**XL, "pre_lnorm": True}
+    samples = rmt_xl(xl_config=pre_ln, train_memory="fresh", eval_restart_every=2).eval()
+    norms = written_memory_norms(samples, 30)
+    assert norms[-1] > 3 * norms[0] and all(b > a for a, b in itertools.pairwise(norms))
+    refused = r"^xl_config.pre_lnorm with the memory carried over the stream: a pre-LN"
+    for knobs in ({"train_memory": "carried"}, {"train_memory": "fresh"}):
+        with pytest.raises(ValueError, match=refused):
+            rmt_xl(xl_config=pre_ln, **knobs)
 
 
 def test_flops_per_token_match_torchs_counter_with_the_relative_positions():
