@@ -135,10 +135,11 @@ class RecurrentMemoryLM(LMBase):
             check_xl_memory_stays_bounded(xl_config, carried)
             self.xl = XLBackbone(vocab_size, xl_config)
             self.memory_cell = memory_cell.build(self.xl.scaled_embedding())
-            if pretrained is not None:
-                self.load_backbone(pretrained)
         if pretrained is not None and pretrained.endswith(".ckpt"):
-            self.load_memory(pretrained)
+            saved = load_tensors_file(pretrained)["state_dict"]  # read once for the backbone and memory
+            if self.uses_xl:
+                self.load_backbone(saved, pretrained)
+            self.load_memory(saved, pretrained)
         if checkpoint_blocks:
             self.lm.activation_checkpointing_enable({"use_reentrant": False})
         self.train_memory, self.eval_memory = train_memory, eval_memory
@@ -162,12 +163,12 @@ class RecurrentMemoryLM(LMBase):
         """The backbone as the memory cell calls it (`network.Backbone`)."""
         return self.xl if self.uses_xl else HFBackbone(self.lm)
 
-    def load_backbone(self, ckpt_path: str) -> None:
-        """The Transformer-XL backbone's weights from a `.ckpt`: of a RecurrentMemoryLM run on it (the
-        curriculum's next stage), or of a Transformer-XL run (its network, e.g. the Transformer+RPE of
-        the recall sweep: a backbone pretrained without memory tokens, as BABILong's start from a
-        pretrained LM; its memory length does not matter, the weights are the same)."""
-        state = load_tensors_file(ckpt_path)["state_dict"]
+    def load_backbone(self, state: Mapping[str, Tensor], ckpt_path: str) -> None:
+        """The Transformer-XL backbone's weights from the state dict of a `.ckpt` (`ckpt_path`, named in
+        the messages): of a RecurrentMemoryLM run on it (the curriculum's next stage), or of a
+        Transformer-XL run (its network, e.g. the Transformer+RPE of the recall sweep: a backbone
+        pretrained without memory tokens, as BABILong's start from a pretrained LM; its memory length
+        does not matter, the weights are the same)."""
         weights = {k.removeprefix("xl."): v for k, v in state.items() if k.startswith("xl.net.")}
         weights = weights or {k: v for k, v in state.items() if k.startswith("net.")}
         if not weights:
@@ -183,10 +184,10 @@ class RecurrentMemoryLM(LMBase):
                 f"trained with): {str(error).splitlines()[1].strip()}"
             ) from None
 
-    def load_memory(self, ckpt_path: str) -> None:
-        """The initial memory of a RecurrentMemoryLM checkpoint (a RecurrentGPT2LM one has none: the
-        memory keeps its fresh initialisation)."""
-        state = load_tensors_file(ckpt_path)["state_dict"]
+    def load_memory(self, state: Mapping[str, Tensor], ckpt_path: str) -> None:
+        """The initial memory from the state dict of a RecurrentMemoryLM checkpoint (`ckpt_path`, named
+        in the messages; a RecurrentGPT2LM or Transformer-XL one has none: the memory keeps its fresh
+        initialisation)."""
         if MEMORY_KEY not in state:
             return
         saved, own = state[MEMORY_KEY], self.memory_cell.memory

@@ -30,24 +30,29 @@ from longctx.methods.transformer_xl.network import TransformerXL
 from longctx.methods.transformer_xl.relative_attention import KeyWindow, sinusoid_positions
 
 
-class MemoryBlocksWindow(KeyWindow):
-    """A window over [read (m); segment; write (m)] with LM-RMT's mask: causal, and each block of
-    memory tokens attends all of its own block."""
+def memory_blocks_blocked(n: int, num_mem_tokens: int, device: torch.device) -> Tensor:
+    """LM-RMT's mask over [read (m); segment; write (m)], as the pairs that may NOT attend: (1, 1, n, n),
+    key after query, except within the read block and within the write block."""
+    m = num_mem_tokens
+    i = torch.arange(n, device=device)
+    blocked = i[None, :] > i[:, None]
+    if m:
+        blocked[:m, :m] = False
+        blocked[-m:, -m:] = False
+    return blocked[None, None]
 
-    def __new__(cls, k: Tensor, v: Tensor, valid: Tensor, num_mem_tokens: int) -> MemoryBlocksWindow:
+
+class MemoryBlocksWindow(KeyWindow):
+    """A window whose blocked pairs are given (`memory_blocks_blocked`, formed once per segment and
+    shared by its layers) instead of Transformer-XL's causal mask."""
+
+    def __new__(cls, k: Tensor, v: Tensor, valid: Tensor, blocked_pairs: Tensor) -> MemoryBlocksWindow:
         window = super().__new__(cls, k, v, valid)
-        window.num_mem_tokens = num_mem_tokens  # m: the size of each memory block
+        window.blocked_pairs = blocked_pairs  # (1, 1, n, n)
         return window
 
     def blocked(self, n: int) -> Tensor:
-        """(1, 1, n, n): key after query, except within the read block and within the write block."""
-        m = self.num_mem_tokens
-        i = torch.arange(n, device=self.k.device)
-        blocked = i[None, :] > i[:, None]
-        if m:
-            blocked[:m, :m] = False
-            blocked[-m:, -m:] = False
-        return blocked[None, None]
+        return self.blocked_pairs
 
 
 class XLBackbone(nn.Module):
@@ -71,10 +76,6 @@ class XLBackbone(nn.Module):
     def module(self) -> nn.Module:
         return self
 
-    @property
-    def width(self) -> int:
-        return self.net.d_model
-
     def scaled_embedding(self) -> Tensor:
         """The token embedding as the blocks read it (V, d): the scale of the initial memory."""
         emb = self.net.word_emb
@@ -95,9 +96,10 @@ class XLBackbone(nn.Module):
         h = net.drop(sequence)
         pos_emb = net.drop(sinusoid_positions(n, net.d_model, 0, h.device, h.dtype))  # n − 1 … 0
         valid = torch.ones(1, 1, n, dtype=torch.bool, device=h.device)
+        blocked = memory_blocks_blocked(n, num_mem_tokens, h.device)
         for i, layer in enumerate(net.layers):
             k, v = layer.attn.project_kv(h)  # (B, H, n, Dh) each
-            window = MemoryBlocksWindow(k, v, valid, num_mem_tokens)
+            window = MemoryBlocksWindow(k, v, valid, blocked)
             u, r = (net.r_w_bias[i], net.r_r_bias[i]) if net.untie_r else (net.r_w_bias, net.r_r_bias)
             h, _ = layer(h, window, pos_emb, u, r)
         return net.drop(h)
